@@ -1,0 +1,109 @@
+"""Bearer tokens with scopes, from OUTBOXQ_API_TOKENS ("token:scope+scope,..."). Tokens are never logged."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+from functools import cache
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from app.api.errors import ApiProblem
+
+SCOPES = ("enqueue", "read", "admin")
+_bearer = HTTPBearer(auto_error=False, description="A token from OUTBOXQ_API_TOKENS")
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEntry:
+    """A configured token, kept only as its SHA-256 digest, and its scopes."""
+
+    digest: bytes
+    scopes: frozenset[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who made the request: a non-secret id of the token, and its scopes."""
+
+    id: str
+    scopes: frozenset[str]
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+
+
+def parse_tokens(spec: str) -> list[TokenEntry]:
+    """The tokens of an OUTBOXQ_API_TOKENS value; ValueError (not naming the token) when it is malformed."""
+    entries = []
+    for position, item in enumerate((s.strip() for s in spec.split(",")), start=1):
+        if not item:
+            continue
+        token, sep, scope_text = item.rpartition(":")
+        if not sep or not token:
+            raise ValueError(f"OUTBOXQ_API_TOKENS entry {position} must look like token:scope+scope")
+        scopes = {s.strip() for s in scope_text.split("+") if s.strip()}
+        unknown = scopes - set(SCOPES)
+        if not scopes or unknown:
+            raise ValueError(
+                f"OUTBOXQ_API_TOKENS entry {position} has scopes {sorted(unknown) or 'none'}; "
+                f"use {', '.join(SCOPES)} joined with +"
+            )
+        if "admin" in scopes:
+            scopes = set(SCOPES)
+        entries.append(TokenEntry(_digest(token), frozenset(scopes)))
+    return entries
+
+
+def authenticate(tokens: list[TokenEntry], presented: str) -> Principal | None:
+    """The principal of a presented token, comparing with every configured token in constant time."""
+    digest = _digest(presented)
+    found: TokenEntry | None = None
+    for entry in tokens:  # no early exit: the time does not depend on which token matched
+        if hmac.compare_digest(entry.digest, digest):
+            found = entry
+    if found is None:
+        return None
+    return Principal(found.digest.hex()[:16], found.scopes)
+
+
+def check(request: Request, credentials: HTTPAuthorizationCredentials | None, scope: str) -> Principal:
+    """The request's principal when it holds `scope`; 401 or 403 otherwise."""
+    if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
+        raise ApiProblem(401, "unauthorized", "send Authorization: Bearer <token> (tokens come from "
+                         "OUTBOXQ_API_TOKENS)", {"WWW-Authenticate": "Bearer"})
+    principal = authenticate(request.app.state.tokens, credentials.credentials)
+    if principal is None:
+        raise ApiProblem(401, "unauthorized", "unknown token", {"WWW-Authenticate": "Bearer"})
+    if scope not in principal.scopes:
+        raise ApiProblem(403, "forbidden", f"this route needs a token with the {scope!r} scope")
+    return principal
+
+
+@cache
+def require(scope: str) -> Any:
+    """A dependency that returns the Principal when the token has `scope` (one callable per scope)."""
+    if scope not in SCOPES:
+        raise ValueError(f"unknown scope {scope!r}")
+
+    def dependency(
+        request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+    ) -> Principal:
+        return check(request, credentials, scope)
+
+    dependency.__name__ = f"require_{scope}"
+    return dependency
+
+
+def scoped(scope: str) -> dict[str, Any]:
+    """Route options: the scope dependency, and the scope recorded in OpenAPI (x-required-scope)."""
+    return {"dependencies": [Depends(require(scope))], "openapi_extra": {"x-required-scope": scope}}
+
+
+EnqueuePrincipal = Annotated[Principal, Depends(require("enqueue"))]
+ReadPrincipal = Annotated[Principal, Depends(require("read"))]
+AdminPrincipal = Annotated[Principal, Depends(require("admin"))]

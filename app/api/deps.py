@@ -1,0 +1,77 @@
+"""Dependencies shared by the routes: settings, the connection pool, one transaction per request."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any
+
+import psycopg
+from fastapi import Depends, Header, Path, Request
+from fastapi.responses import JSONResponse
+from psycopg_pool import ConnectionPool
+
+from app.queue import idempotency
+from app.queue.enqueue import QUEUE_NAME_PATTERN
+from app.settings import Settings
+
+
+def get_settings_of_app(request: Request) -> Settings:
+    """The settings the app was created with."""
+    return request.app.state.settings
+
+
+def get_pool(request: Request) -> ConnectionPool:
+    """The app's psycopg connection pool (opened in the lifespan)."""
+    return request.app.state.pool
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings_of_app)]
+PoolDep = Annotated[ConnectionPool, Depends(get_pool)]
+
+QueueName = Annotated[
+    str,
+    Path(pattern=f"^{QUEUE_NAME_PATTERN.pattern}$", description="1 to 128 characters from A-Z a-z 0-9 _ . : -"),
+]
+JobId = Annotated[int, Path(ge=1, le=2**63 - 1, description="The job's id")]
+
+
+@contextmanager
+def transaction(pool: ConnectionPool) -> Iterator[psycopg.Connection[Any]]:
+    """A pooled connection in one transaction: committed when the block ends, rolled back when it raises."""
+    with pool.connection() as conn:
+        yield conn
+
+
+def idempotent_write(
+    request: Request,
+    pool: ConnectionPool,
+    principal_id: str,
+    idempotency_key: str | None,
+    request_body: Any,
+    work: Callable[[psycopg.Connection[Any]], Any],
+    status: int = 201,
+) -> JSONResponse:
+    """Run `work` in one transaction, with the Idempotency-Key row (when given) written in the same one.
+
+    The same key and body again answer 200 with the stored response and write nothing; the same key with
+    another body is a 409.
+    """
+    scope = f"{principal_id}:{request.method} {request.url.path}"
+    body_hash = idempotency.request_hash(request_body) if idempotency_key is not None else ""
+    with transaction(pool) as conn:
+        if idempotency_key is not None:
+            stored = idempotency.begin(conn, scope, idempotency_key, body_hash)
+            if stored is not None:
+                return JSONResponse(stored.body, status_code=200)
+        body = work(conn)
+        if idempotency_key is not None:
+            idempotency.record(conn, scope, idempotency_key, body_hash, status, body)
+    return JSONResponse(body, status_code=status)
+
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(alias="Idempotency-Key", max_length=idempotency.MAX_KEY_LENGTH,
+           description="Makes retries safe: the same key and body answer the first response again"),
+]

@@ -1,0 +1,162 @@
+"""The one place that maps errors to HTTP: every error answers {"error": {"code": ..., "message": ...}}."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import psycopg
+import psycopg_pool
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app import errors
+from app.queue.feed import InvalidMarker
+from app.queue.idempotency import IdempotencyKeyReused
+
+log = logging.getLogger("outboxq.api")
+
+
+class ApiProblem(Exception):
+    """An HTTP error raised by the API layer itself (auth, size limits, unavailable features)."""
+
+    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None):
+        self.status, self.code, self.message, self.headers = status, code, message, headers
+        super().__init__(message)
+
+
+class ErrorBody(BaseModel):
+    """What went wrong, and what to fix."""
+
+    code: str
+    message: str
+
+
+class ErrorResponse(BaseModel):
+    """Every error response has this shape."""
+
+    error: ErrorBody
+
+
+# The status of each core error; the first matching class in this order wins.
+STATUS_BY_ERROR: list[tuple[type[Exception], int]] = [
+    (errors.JobNotFound, 404),
+    (errors.DuplicateJob, 409),
+    (errors.InvalidTransition, 409),
+    (errors.LeaseLost, 409),
+    (IdempotencyKeyReused, 409),
+    (InvalidMarker, 400),
+    (errors.UnknownDependency, 422),
+    (errors.InvalidPayload, 422),
+    (errors.InvalidInput, 422),
+    (errors.SchemaOutOfDate, 503),
+    (errors.OutboxqError, 400),
+]
+
+_DESCRIPTIONS = {
+    400: "Malformed request (for example, JSON that does not parse)",
+    401: "No token, or an unknown one",
+    403: "The token lacks the scope this route needs",
+    404: "No such job",
+    409: "Conflict: a duplicate key, a job in the wrong status, or an Idempotency-Key reused with another body",
+    413: "The payload (or the request) is over the size limit",
+    422: "Invalid input: the message names the field and says what to fix",
+    503: "The database is unavailable or its schema is not current",
+}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for these error statuses (503 is always listed: the database may be away)."""
+    return {s: {"model": ErrorResponse, "description": _DESCRIPTIONS[s]} for s in sorted({*statuses, 503})}
+
+
+def error_json(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    """The JSON error response."""
+    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
+
+
+def status_of(exc: Exception) -> int:
+    """The HTTP status of a core error."""
+    return next(status for cls, status in STATUS_BY_ERROR if isinstance(exc, cls))
+
+
+def _field(loc: tuple[Any, ...] | list[Any]) -> str:
+    parts = [str(p) for p in loc]
+    if parts and parts[0] in ("body", "query", "path", "header"):
+        where, rest = parts[0], parts[1:]
+        return f"{where} field {'.'.join(rest)!r}" if rest else f"the request {where}"
+    return ".".join(parts) or "the request"
+
+
+def validation_message(exc: RequestValidationError) -> tuple[int, str, str]:
+    """(status, code, message) for a request that failed validation."""
+    problems = exc.errors()
+    if any(p.get("type") == "json_invalid" for p in problems):
+        detail = next(p for p in problems if p.get("type") == "json_invalid")
+        reason = (detail.get("ctx") or {}).get("error", "it does not parse")
+        return 400, "malformed_json", f"the request body is not valid JSON ({reason}); send a JSON object"
+    messages = []
+    for p in problems[:5]:
+        msg = str(p.get("msg", "is invalid"))
+        if p.get("type") == "extra_forbidden":
+            msg = "is not a known field; remove it"
+        elif p.get("type") == "missing":
+            msg = "is required"
+        messages.append(f"{_field(p.get('loc', ()))} {msg}")
+    more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+    return 422, "invalid_request", "; ".join(messages) + more
+
+
+def install(app: FastAPI) -> None:
+    """Register the exception handlers on `app`."""
+
+    @app.exception_handler(ApiProblem)
+    async def _api_problem(request: Request, exc: ApiProblem) -> JSONResponse:
+        return error_json(exc.status, exc.code, exc.message, exc.headers)
+
+    @app.exception_handler(errors.OutboxqError)
+    async def _outboxq_error(request: Request, exc: errors.OutboxqError) -> JSONResponse:
+        return error_json(status_of(exc), exc.code, str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        status, code, message = validation_message(exc)
+        return error_json(status, code, message)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        if exc.status_code == 404 and message == "Not Found":
+            message = f"no route {request.url.path}; see /docs for the API"
+        return error_json(exc.status_code, code, message, getattr(exc, "headers", None))
+
+    @app.exception_handler(psycopg.errors.DataError)
+    async def _data_error(request: Request, exc: psycopg.errors.DataError) -> JSONResponse:
+        # Values PostgreSQL cannot store (a NUL character in text, a number out of range...).
+        first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return error_json(422, "invalid_input", f"the database rejected a value: {first_line}")
+
+    @app.exception_handler(UnicodeError)
+    async def _unicode_error(request: Request, exc: UnicodeError) -> JSONResponse:
+        return error_json(422, "invalid_input", "a string holds characters that are not valid Unicode "
+                                                "(for example a lone surrogate); send valid UTF-8")
+
+    @app.exception_handler(psycopg_pool.PoolTimeout)
+    async def _pool_timeout(request: Request, exc: psycopg_pool.PoolTimeout) -> JSONResponse:
+        return error_json(503, "database_unavailable", "no database connection is available; retry later",
+                          {"Retry-After": "1"})
+
+    @app.exception_handler(psycopg.OperationalError)
+    async def _operational(request: Request, exc: psycopg.OperationalError) -> JSONResponse:
+        log.warning("database unavailable: %s", exc)
+        return error_json(503, "database_unavailable", "the database is unavailable; retry later",
+                          {"Retry-After": "1"})
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return error_json(500, "internal_error", "an unexpected error occurred; it has been logged")

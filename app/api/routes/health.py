@@ -1,0 +1,50 @@
+"""Liveness, readiness (database and schema) and queue health."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from app.api.auth import scoped
+from app.api.deps import PoolDep, transaction
+from app.api.errors import error_json, error_responses
+from app.api.schemas import Health, Liveness, Readiness
+from app.queue.migrate import head_revision
+
+router = APIRouter(tags=["health"])
+
+READINESS_TIMEOUT_S = 2.0
+schema_revision_get = "SELECT version_num FROM alembic_version"
+
+
+@router.get("/healthz", response_model=Liveness)
+def liveness() -> JSONResponse:
+    """The process is alive (no database access)."""
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/readyz", response_model=Readiness, responses=error_responses())
+def readiness(request: Request) -> JSONResponse:
+    """Ready when the database answers and its schema is current; 503 otherwise."""
+    pool = request.app.state.pool
+    try:
+        with pool.connection(timeout=READINESS_TIMEOUT_S) as conn:
+            exists = conn.execute("SELECT to_regclass('alembic_version') IS NOT NULL AS ok").fetchone()
+            row = conn.execute(schema_revision_get).fetchone() if exists and exists["ok"] else None
+    except Exception as exc:  # any failure to reach the database means: not ready
+        return error_json(503, "database_unavailable", f"the database does not answer ({type(exc).__name__})",
+                          {"Retry-After": "1"})
+    revision = row["version_num"] if row else None
+    if revision != head_revision():
+        return error_json(503, "schema_out_of_date",
+                          f"the schema is at {revision or 'nothing'} but this outboxq needs {head_revision()}: "
+                          "run `outboxq migrate`")
+    return JSONResponse({"ready": True, "schema_revision": revision})
+
+
+@router.get("/v1/health", response_model=Health, **scoped("read"), responses=error_responses(401, 403))
+def queue_health(request: Request, pool: PoolDep) -> JSONResponse:
+    """Healthy, or which queues have been in error for too long and since when."""
+    with transaction(pool) as conn:
+        report = request.app.state.health_monitor.check(conn)
+    return JSONResponse(report)

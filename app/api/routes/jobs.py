@@ -1,0 +1,135 @@
+"""Jobs: enqueue one or a batch, read one, list a queue's jobs page by page."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import JSONResponse
+
+from app.api.auth import EnqueuePrincipal, scoped
+from app.api.deps import IdempotencyKey, JobId, PoolDep, QueueName, SettingsDep, idempotent_write, transaction
+from app.api.errors import ApiProblem, error_responses
+from app.api.schemas import JobBatchCreate, JobBatchPublic, JobCreate, JobPage, JobPublic, job_public
+from app.errors import InvalidInput, JobNotFound
+from app.queue import admin, feed
+from app.queue.enqueue import enqueue, enqueue_many, get_job
+from app.queue.jobs import JobStatus
+
+router = APIRouter(tags=["jobs"])
+
+
+def check_payload_size(payload: Any, limit: int, where: str = "payload") -> None:
+    """413 when the payload's JSON is over `limit` bytes."""
+    try:
+        size = len(json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass"))
+    except (TypeError, ValueError):
+        return  # enqueue reports what is wrong with it
+    if size > limit:
+        raise ApiProblem(413, "payload_too_large",
+                         f"{where} is {size} bytes of JSON, over the limit of {limit} bytes (max_payload_bytes)")
+
+
+def _options(job: JobCreate) -> dict[str, Any]:
+    return {
+        "key": job.key,
+        "depends_on": [(d.queue, d.key) for d in job.depends_on],
+        "run_at": job.run_at,
+        "delay": job.delay_seconds,
+        "priority": job.priority,
+        "max_attempts": job.max_attempts,
+    }
+
+
+@router.post("/v1/queues/{queue}/jobs", status_code=201, response_model=JobPublic, **scoped("enqueue"),
+             responses={200: {"model": JobPublic, "description": "A retry with the same Idempotency-Key"},
+                        **error_responses(400, 401, 403, 409, 413, 422)})
+def create_job(queue: QueueName, body: JobCreate, request: Request, principal: EnqueuePrincipal,
+               pool: PoolDep, settings: SettingsDep, idempotency_key: IdempotencyKey = None) -> JSONResponse:
+    """Enqueue one job (201); with an Idempotency-Key, a retry of the same request answers 200 with the same job."""
+    check_payload_size(body.payload, settings.max_payload_bytes)
+
+    def work(conn: Any) -> dict[str, Any]:
+        return job_public(enqueue(conn, queue, body.payload, **_options(body)))
+
+    return idempotent_write(request, pool, principal.id, idempotency_key,
+                            body.model_dump(mode="json", exclude_unset=True), work)
+
+
+@router.post("/v1/queues/{queue}/jobs/batch", status_code=201, response_model=JobBatchPublic,
+             **scoped("enqueue"),
+             responses={200: {"model": JobBatchPublic, "description": "A retry with the same Idempotency-Key"},
+                        **error_responses(400, 401, 403, 409, 413, 422)})
+def create_jobs(queue: QueueName, body: JobBatchCreate, request: Request, principal: EnqueuePrincipal,
+                pool: PoolDep, settings: SettingsDep, idempotency_key: IdempotencyKey = None) -> JSONResponse:
+    """Enqueue many jobs of one queue in one transaction: all written, or none."""
+    if len(body.jobs) > settings.max_batch_jobs:
+        raise InvalidInput(f"a batch holds at most {settings.max_batch_jobs} jobs (max_batch_jobs), "
+                           f"not {len(body.jobs)}; split it")
+    for index, job in enumerate(body.jobs):
+        check_payload_size(job.payload, settings.max_payload_bytes, f"jobs[{index}].payload")
+    options = [_options(job) for job in body.jobs]
+    shared = {k: v for k, v in options[0].items() if k not in ("key", "depends_on")}
+    uniform = all(not o["depends_on"] and {k: o[k] for k in shared} == shared for o in options)
+
+    def work(conn: Any) -> dict[str, Any]:
+        if uniform:  # one INSERT for the whole batch
+            jobs = enqueue_many(conn, queue, [j.payload for j in body.jobs], keys=[o["key"] for o in options],
+                                **shared)
+        else:  # per-job options or dependencies (a job may depend on an earlier one of the batch)
+            jobs = [enqueue(conn, queue, j.payload, **o) for j, o in zip(body.jobs, options, strict=True)]
+        return {"jobs": [job_public(j) for j in jobs]}
+
+    return idempotent_write(request, pool, principal.id, idempotency_key,
+                            body.model_dump(mode="json", exclude_unset=True), work)
+
+
+@router.get("/v1/jobs/{job_id}", response_model=JobPublic, **scoped("read"),
+            responses=error_responses(401, 403, 404, 422))
+def read_job(job_id: JobId, pool: PoolDep) -> JSONResponse:
+    """The job with this id."""
+    with transaction(pool) as conn:
+        job = get_job(conn, job_id)
+    if job is None:
+        raise JobNotFound(job_id)
+    return JSONResponse(job_public(job))
+
+
+@router.get("/v1/jobs/{job_id}/errors", **scoped("read"), responses=error_responses(401, 403, 404, 422))
+def read_job_errors(job_id: JobId, pool: PoolDep) -> JSONResponse:
+    """Every failed attempt of the job: attempt, error, traceback, failed_at."""
+    with transaction(pool) as conn:
+        if get_job(conn, job_id) is None:
+            raise JobNotFound(job_id)
+        history = admin.error_history(conn, job_id)
+    return JSONResponse({"items": jsonable_encoder(history)})
+
+
+@router.get("/v1/jobs/{job_id}/dependencies", **scoped("read"), responses=error_responses(401, 403, 404, 422))
+def read_job_dependencies(job_id: JobId, pool: PoolDep) -> JSONResponse:
+    """What the job waits for (depends_on) and what waits for it (dependents)."""
+    with transaction(pool) as conn:
+        if get_job(conn, job_id) is None:
+            raise JobNotFound(job_id)
+        return JSONResponse(admin.job_dependencies(conn, job_id))
+
+
+@router.get("/v1/queues/{queue}/jobs", response_model=JobPage, **scoped("read"),
+            responses=error_responses(400, 401, 403, 422))
+def list_jobs(
+    queue: QueueName,
+    request: Request,
+    pool: PoolDep,
+    status: Annotated[JobStatus | None, Query(description="Only jobs in this status")] = None,
+    limit: Annotated[int, Query(ge=1, le=feed.MAX_PAGE_SIZE)] = 100,
+    marker: Annotated[str | None, Query(max_length=200, description="next_marker (or an item's marker) "
+                                                                      "of the previous page")] = None,
+) -> JSONResponse:
+    """A page of the queue's jobs in enqueue order; markers never skip or repeat a job."""
+    with transaction(pool) as conn:
+        page = feed.list_page(conn, request.app.state.marker_secret, queue, marker=marker, limit=limit,
+                              status=status)
+    return JSONResponse({"items": [job_public(i.job, i.marker) for i in page.items],
+                         "next_marker": page.next_marker})

@@ -1,0 +1,34 @@
+"""Queues: their counts per status, and their errored jobs."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from fastapi.responses import JSONResponse
+
+from app.api.auth import scoped
+from app.api.deps import PoolDep, QueueName, transaction
+from app.api.errors import error_responses
+from app.api.schemas import JobList, QueueList, job_public
+from app.queue import admin
+
+router = APIRouter(tags=["queues"])
+
+
+@router.get("/v1/queues", response_model=QueueList, **scoped("read"), responses=error_responses(401, 403))
+def list_queues(pool: PoolDep) -> JSONResponse:
+    """Each queue with its job counts per status and whether it is paused."""
+    with transaction(pool) as conn:
+        queues = admin.queue_counts(conn)
+    return JSONResponse({"queues": [q.to_dict() for q in queues]})
+
+
+@router.get("/v1/queues/{queue}/errors", response_model=JobList, **scoped("read"),
+            responses=error_responses(401, 403, 422))
+def list_queue_errors(queue: QueueName, pool: PoolDep,
+                      limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> JSONResponse:
+    """The queue's jobs in retrying or dead, with their last error, oldest first."""
+    with transaction(pool) as conn:
+        jobs = admin.list_errors(conn, queue, limit=limit)
+    return JSONResponse({"items": [job_public(j) for j in jobs]})

@@ -1,0 +1,64 @@
+"""Spark batches: submit one over a queue, and read its state (spark_jobs.batches does the work)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from fastapi.encoders import jsonable_encoder
+from fastapi.responses import JSONResponse
+
+from app.api.auth import scoped
+from app.api.deps import PoolDep, transaction
+from app.api.errors import ApiProblem, error_responses
+from app.api.schemas import SparkBatchCreate, SparkBatchCreated
+
+router = APIRouter(tags=["spark"])
+
+# Read straight from the table: listing works even where the spark extra is not installed.
+LIST_BATCHES = """
+SELECT id, queue, processor, output_table, batch_size, master, state, jobs_claimed, rows_written, error,
+       created_at, started_at, finished_at
+FROM outboxq_spark_batches ORDER BY id DESC LIMIT %(limit)s
+"""
+
+
+def _batches() -> Any:
+    try:
+        from spark_jobs import batches
+    except ImportError as exc:  # the spark_jobs package is optional in an API-only deployment
+        raise ApiProblem(503, "spark_unavailable", f"Spark batches are not available here ({exc})") from None
+    return batches
+
+
+@router.get("/v1/spark/batches", **scoped("read"), responses=error_responses(401, 403, 422))
+def list_spark_batches(pool: PoolDep, limit: Annotated[int, Query(ge=1, le=500)] = 100) -> JSONResponse:
+    """The latest Spark batches, newest first, with their state and counts."""
+    with transaction(pool) as conn:
+        rows = conn.execute(LIST_BATCHES, {"limit": limit}).fetchall()
+    return JSONResponse({"items": jsonable_encoder([dict(r) for r in rows])})
+
+
+@router.post("/v1/spark/batches", status_code=202, response_model=SparkBatchCreated, **scoped("admin"),
+             responses=error_responses(400, 401, 403, 422))
+def submit_spark_batch(body: SparkBatchCreate, pool: PoolDep) -> JSONResponse:
+    """Submit a Spark batch that processes the queue's jobs into output_table; returns its id."""
+    batches = _batches()
+    with transaction(pool) as conn:
+        batch_id = batches.submit_batch(conn, queue=body.queue, processor=body.processor,
+                                        output_table=body.output_table, batch_size=body.batch_size,
+                                        master=body.master)
+    return JSONResponse({"id": int(batch_id)}, status_code=202)
+
+
+@router.get("/v1/spark/batches/{batch_id}", **scoped("read"), responses=error_responses(401, 403, 404, 422))
+def read_spark_batch(batch_id: int, pool: PoolDep) -> JSONResponse:
+    """The state of a Spark batch: pending, running, done or failed, with its counts."""
+    if not 1 <= batch_id < 2**63:
+        raise ApiProblem(404, "batch_not_found", f"no Spark batch has id {batch_id}")
+    batches = _batches()
+    with transaction(pool) as conn:
+        batch = batches.get_batch(conn, batch_id)
+    if batch is None:
+        raise ApiProblem(404, "batch_not_found", f"no Spark batch has id {batch_id}")
+    return JSONResponse(jsonable_encoder(batch))

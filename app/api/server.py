@@ -1,0 +1,67 @@
+"""`outboxq serve`: wait for the database (bounded), then run the app with uvicorn."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import sys
+
+import psycopg
+import uvicorn
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+from app.api import create_app
+from app.api.auth import parse_tokens
+from app.db import database_url
+from app.errors import SchemaOutOfDate
+from app.queue.migrate import ensure_current
+from app.settings import Settings, get_settings
+
+log = logging.getLogger("outboxq.api")
+
+
+def wait_for_database(url: str, timeout_s: float) -> bool:
+    """Wait up to `timeout_s` for the database to answer with a current schema; False when it never did."""
+    try:
+        for attempt in Retrying(
+            stop=stop_after_delay(timeout_s),
+            wait=wait_exponential(multiplier=0.2, max=2.0),
+            retry=retry_if_exception_type((psycopg.OperationalError, SchemaOutOfDate)),
+            reraise=True,
+        ):
+            with attempt:
+                ensure_current(url)
+        return True
+    except (psycopg.OperationalError, SchemaOutOfDate) as exc:
+        log.warning("starting without a ready database (/readyz answers 503 until it is): %s", exc)
+        return False
+
+
+def ensure_token(settings: Settings) -> None:
+    """When no token is configured, generate one admin token and print it once, so nothing runs open."""
+    if parse_tokens(settings.api_tokens):
+        return
+    token = secrets.token_urlsafe(32)
+    settings.api_tokens = f"{token}:admin"
+    print(f"OUTBOXQ_API_TOKENS is not set; generated an admin token for this run:\n{token}",
+          file=sys.stderr, flush=True)
+
+
+def serve(settings: Settings | None = None) -> None:
+    """Run the HTTP service on settings.host:settings.port until interrupted."""
+    settings = settings or get_settings()
+    ensure_token(settings)
+    wait_for_database(database_url(settings), settings.db_wait_s)
+    app = create_app(settings)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", access_log=False,
+                timeout_graceful_shutdown=10)
+
+
+def main() -> None:
+    """Entry point for `python -m app.api.server` (and tests)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    serve(get_settings())
+
+
+if __name__ == "__main__":
+    main()

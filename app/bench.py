@@ -1,0 +1,1023 @@
+"""`outboxq bench`: throughput, enqueue cost, latency and scale, measured side by side with the peers.
+
+Sub-benchmarks (see bench/README.md for the method and the latest figures):
+
+- drain:   N no-op jobs (default 50,000) drained by a worker with outboxq's default settings;
+           wall time from "go" to the moment the database says every job is finished.
+- enqueue: single-job enqueue + commit against a bare one-row INSERT + commit on the same connection;
+           enqueue_many in 10,000-job batches; the HTTP batch route against the Python path.
+- latency: an idle worker; enqueue + commit → handler start, p50 / p99 over ~200 samples.
+- backlog: drain throughput at a large backlog (default 1,000,000) with the worker's RSS at start and
+           end; the claim query's plan and a drain with many finished jobs kept (default 5,000,000).
+
+`--compare` runs the same drain, enqueue and latency through PgQueuer and Procrastinate, installed in a
+separate virtual environment that this command creates when it is missing (never a dependency of
+outboxq), on the same server, alternating the systems in each round; plus a pgbench ceiling.
+
+Every worker runs in its own process (app/bench_drivers.py), started the same way for each system.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import queue as queue_module
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+DRIVERS = Path(__file__).with_name("bench_drivers.py")
+DEFAULT_PEERS_VENV = "/tmp/peers-venv"
+PEER_PACKAGES = ["pgqueuer[asyncpg]", "procrastinate", "uvloop"]
+DB_PREFIX = "outboxq_bench"
+SUB_BENCHMARKS = ("drain", "enqueue", "latency", "backlog")
+DONE_POLL_S = 0.005
+
+# What "nothing left to run" means for each system (cheap: partial indexes / an emptied table).
+UNFINISHED_SQL = {
+    "outboxq": "SELECT EXISTS (SELECT 1 FROM outboxq_jobs WHERE status IN ('queued', 'running', 'retrying'))",
+    "pgqueuer": "SELECT EXISTS (SELECT 1 FROM pgqueuer)",
+    "procrastinate": "SELECT EXISTS (SELECT 1 FROM procrastinate_jobs WHERE status IN ('todo', 'doing'))",
+}
+
+
+# ---------------------------------------------------------------- small helpers
+
+
+class Progress:
+    """One status line on stderr (redrawn on a terminal), plus a permanent line per finished step."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+        self.live = enabled and sys.stderr.isatty()
+        self.prefix = ""
+        self._last = 0.0
+
+    def update(self, text: str, force: bool = False) -> None:
+        """Redraw the status line (at most 10 times a second)."""
+        if not self.live:
+            return
+        now = time.monotonic()
+        if not force and now - self._last < 0.1:
+            return
+        self._last = now
+        sys.stderr.write(f"\r\x1b[K{self.prefix}{text}")
+        sys.stderr.flush()
+
+    def done(self, text: str) -> None:
+        """A line that stays."""
+        if not self.enabled:
+            return
+        sys.stderr.write(("\r\x1b[K" if self.live else "") + f"{self.prefix}{text}\n")
+        sys.stderr.flush()
+
+
+def median(values: list[float]) -> float | None:
+    """The median, or None for no values."""
+    return statistics.median(values) if values else None
+
+
+def percentile(values: list[float], p: float) -> float:
+    """The p-th percentile (nearest rank) of non-empty values."""
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(p / 100 * len(ordered) + 0.5) - 1))
+    return ordered[index]
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """a / b, or None when either is missing."""
+    return a / b if a and b else None
+
+
+def url_for(server_url: str, database: str) -> str:
+    """The server URL pointing at `database`."""
+    from app.db import url_with_database
+
+    return url_with_database(server_url, database)
+
+
+class Server:
+    """The PostgreSQL server the benchmarks run on: creates and drops their databases."""
+
+    def __init__(self, url: str):
+        from app.db import normalize_url
+
+        self.url = normalize_url(url)
+
+    def admin(self) -> psycopg.Connection:
+        """An autocommit connection to the maintenance database."""
+        return psycopg.connect(url_for(self.url, "postgres"), autocommit=True)
+
+    def recreate(self, name: str, template: str | None = None) -> str:
+        """Drop and create database `name` (from `template`); returns its URL."""
+        with self.admin() as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            conn.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
+        return url_for(self.url, name)
+
+    def drop(self, name: str) -> None:
+        """Drop database `name` if it exists."""
+        with self.admin() as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    def facts(self) -> dict[str, Any]:
+        """The server version and the settings that bound a queue's speed."""
+        with self.admin() as conn:
+            out = {"version": conn.execute("SHOW server_version").fetchone()[0]}  # type: ignore[index]
+            for setting in ("synchronous_commit", "fsync", "shared_buffers", "max_connections"):
+                out[setting] = conn.execute(f"SHOW {setting}").fetchone()[0]  # type: ignore[index]
+        return out
+
+
+def machine_facts() -> dict[str, Any]:
+    """CPU, memory and Python of this machine."""
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    memory_gb = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                memory_gb = round(int(line.split()[1]) / 1024 / 1024, 1)
+    except OSError:
+        pass
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = None
+    return {"cpus": os.cpu_count(), "cpu_model": model, "memory_gb": memory_gb, "load_1m": load,
+            "python": platform.python_version(), "platform": platform.platform()}
+
+
+# ---------------------------------------------------------------- driver processes
+
+
+class Driver:
+    """One app/bench_drivers.py process: JSON lines out, "go" / "stop" lines in."""
+
+    def __init__(self, python: str, spec: dict[str, Any], log_dir: Path):
+        self.spec = spec
+        self.events: queue_module.SimpleQueue[dict[str, Any]] = queue_module.SimpleQueue()
+        self.log_path = log_dir / f"{spec['system']}-{spec['action']}-{time.monotonic_ns()}.log"
+        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in close()
+        env = dict(os.environ)
+        env["PYTHONUNBUFFERED"] = "1"
+        if spec["system"] == "outboxq":
+            env["DATABASE_URL"] = spec["url"]
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(DRIVERS.parent.parent),
+                                                              env.get("PYTHONPATH")]))
+        self.process = subprocess.Popen(
+            # -P: the script's folder (app/, whose queue package would shadow the stdlib's) stays off sys.path
+            [python, "-P", str(DRIVERS), json.dumps(spec)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=self._log, text=True, env=env, cwd=str(DRIVERS.parent.parent),
+        )
+        self.result: dict[str, Any] | None = None
+        self.ready: dict[str, Any] | None = None
+        self.last_progress: dict[str, Any] = {}
+        self.max_rss_kb = 0
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            self.events.put(event)
+        self.events.put({"event": "exit"})
+
+    def send(self, line: str) -> None:
+        """Write a control line ("go", "stop")."""
+        try:
+            assert self.process.stdin is not None
+            self.process.stdin.write(line + "\n")
+            self.process.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass
+
+    def _handle(self, event: dict[str, Any]) -> None:
+        kind = event.get("event")
+        self.max_rss_kb = max(self.max_rss_kb, int(event.get("rss_kb") or 0))
+        if kind == "ready":
+            self.ready = event
+        elif kind == "progress":
+            self.last_progress = event
+        elif kind == "result":
+            self.result = event
+        elif kind == "exit" and self.result is None:
+            self.result = {"error": f"driver exited ({self.process.wait()}); see {self.log_path}:\n"
+                                    + self.log_tail()}
+
+    def pump(self, timeout: float = 0.0) -> None:
+        """Handle every event that arrived (waiting up to `timeout` for the first)."""
+        try:
+            self._handle(self.events.get(timeout=timeout) if timeout > 0 else self.events.get_nowait())
+        except queue_module.Empty:
+            return
+        while True:
+            try:
+                self._handle(self.events.get_nowait())
+            except queue_module.Empty:
+                return
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        """Block until the driver says ready (or fails)."""
+        deadline = time.monotonic() + timeout
+        while self.ready is None and self.result is None and time.monotonic() < deadline:
+            self.pump(0.05)
+        if self.ready is None:
+            raise BenchError(f"{self.spec['system']} {self.spec['action']} did not get ready: "
+                             + str((self.result or {}).get("error", "timeout")))
+
+    def wait_result(self, timeout: float = 600.0) -> dict[str, Any]:
+        """Block until the driver printed its result; raise BenchError on failure."""
+        deadline = time.monotonic() + timeout
+        while self.result is None and time.monotonic() < deadline:
+            self.pump(0.05)
+        self.close()
+        if self.result is None:
+            raise BenchError(f"{self.spec['system']} {self.spec['action']} gave no result in {timeout:.0f}s")
+        if "error" in self.result:
+            raise BenchError(f"{self.spec['system']} {self.spec['action']}: {self.result['error']}")
+        return self.result
+
+    def log_tail(self, lines: int = 15) -> str:
+        """The last lines of the driver's stderr."""
+        try:
+            self._log.flush()
+            return "\n".join(self.log_path.read_text().splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def close(self) -> None:
+        """Stop the process if it still runs and close its log."""
+        if self.process.poll() is None:
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._log.close()
+
+
+class BenchError(RuntimeError):
+    """A benchmark step that could not run."""
+
+
+# ---------------------------------------------------------------- the bench
+
+
+class Bench:
+    """Runs the sub-benchmarks and collects their figures."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.server = Server(args.url)
+        self.progress = Progress(not args.quiet)
+        self.log_dir = Path(tempfile.mkdtemp(prefix="outboxq-bench-"))
+        self.peers_python: str | None = None
+        self.templates: dict[str, str] = {}
+        # Per invocation, so that two benches (or a bench and the smoke test) on one server never collide.
+        self.prefix = f"{DB_PREFIX}_{os.getpid()}"
+        self.results: dict[str, Any] = {
+            "machine": machine_facts(), "server": self.server.facts(),
+            "settings": {k: v for k, v in vars(args).items() if k not in ("func", "url")},
+            "runs": [],
+        }
+
+    # ------------------------------------------------------------ databases
+
+    def template(self, system: str) -> str:
+        """A database with `system`'s schema installed, cloned for every run."""
+        if system in self.templates:
+            return self.templates[system]
+        name = f"{self.prefix}_{system}_tmpl"
+        url = self.server.recreate(name)
+        if system == "outboxq":
+            import logging
+
+            from app.queue.migrate import upgrade
+
+            logging.getLogger("alembic").setLevel(logging.WARNING)
+            upgrade(url)
+        else:
+            self.driver(system, "setup", url).wait_result(120)
+        self.templates[system] = name
+        return name
+
+    def fresh_db(self, system: str, suffix: str = "run") -> str:
+        """A new database for one run, cloned from the system's template."""
+        return self.server.recreate(f"{self.prefix}_{system}_{suffix}", self.template(system))
+
+    def cleanup(self) -> None:
+        """Drop every database this run made."""
+        with self.server.admin() as conn:
+            names = [r[0] for r in conn.execute(
+                "SELECT datname FROM pg_database WHERE datname LIKE %s", (self.prefix + "\\_%",))]
+        for name in names:
+            self.server.drop(name)
+        shutil.rmtree(self.log_dir, ignore_errors=True)
+
+    # ------------------------------------------------------------ drivers
+
+    def python_for(self, system: str) -> str:
+        """outboxq's own interpreter, or the peers' virtual environment's."""
+        if system == "outboxq":
+            return sys.executable
+        if self.peers_python is None:
+            self.peers_python = ensure_peers_venv(Path(self.args.peers_venv), self.progress)
+        return self.peers_python
+
+    def driver(self, system: str, action: str, url: str, **spec: Any) -> Driver:
+        """Start one driver process."""
+        return Driver(self.python_for(system), {"system": system, "action": action, "url": url, **spec},
+                      self.log_dir)
+
+    # ------------------------------------------------------------ drain
+
+    def drain(self, system: str, n: int, label: str, *, worker: dict[str, Any] | None = None,
+              processes: int = 1, db_url: str | None = None, fill: bool = True) -> dict[str, Any]:
+        """Fill a fresh database with `n` no-op jobs, then time `processes` workers draining them."""
+        url = db_url or self.fresh_db(system)
+        fill_result = None
+        if fill:
+            self.progress.update(f"{label}: enqueueing {n:,} jobs", force=True)
+            fill_result = self.driver(system, "fill", url, n=n).wait_result(1800)
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("ANALYZE")  # as autovacuum would have done for a backlog that built up
+        drivers = [self.driver(system, "drain", url, worker=worker or {}) for _ in range(processes)]
+        try:
+            for d in drivers:
+                d.wait_ready()
+            rss_start = sum(int(d.ready["rss_kb"]) for d in drivers if d.ready)
+            with psycopg.connect(url, autocommit=True) as watch:
+                started = time.perf_counter()
+                for d in drivers:
+                    d.send("go")
+                timed_out = False
+                while True:
+                    for d in drivers:
+                        d.pump()
+                    handled = sum(int(d.last_progress.get("handled", 0)) for d in drivers)
+                    elapsed = time.perf_counter() - started
+                    self.progress.update(f"{label}: {handled:,}/{n:,} handled, "
+                                         f"{handled / max(elapsed, 1e-9):,.0f} jobs/s, {elapsed:.1f}s")
+                    if any(d.result is not None for d in drivers):
+                        raise BenchError(f"{label}: a worker exited early:\n"
+                                         + "\n".join(d.log_tail() for d in drivers))
+                    if elapsed > self.args.max_seconds:
+                        timed_out = True
+                        break
+                    if handled >= 0.9 * n and not watch.execute(UNFINISHED_SQL[system]).fetchone()[0]:  # type: ignore[index]
+                        break
+                    time.sleep(DONE_POLL_S if handled >= 0.9 * n else 0.05)
+                elapsed = time.perf_counter() - started
+                if timed_out:
+                    finished = self._finished_count(watch, system, n)
+                else:
+                    finished = n
+            for d in drivers:
+                d.send("stop")
+            results = [d.wait_result(120) for d in drivers]
+        finally:
+            for d in drivers:
+                d.send("stop")
+                d.close()
+        out = {
+            "label": label, "system": system, "n": n, "finished": finished, "seconds": elapsed,
+            "jobs_per_s": finished / elapsed, "timed_out": timed_out, "processes": processes,
+            "worker": worker or {}, "rss_start_kb": rss_start,
+            "rss_end_kb": sum(int(r.get("rss_kb", 0)) for r in results),
+            "rss_max_kb": sum(d.max_rss_kb for d in drivers),
+            "fill_jobs_per_s": fill_result["jobs_per_s"] if fill_result else None,
+        }
+        if system == "outboxq":
+            out["worker_defaults"] = {"concurrency": results[0].get("concurrency"),
+                                      "batch_size": results[0].get("batch_size")}
+        self.progress.done(f"{label}: {finished:,} jobs in {elapsed:.2f}s = {out['jobs_per_s']:,.0f} jobs/s"
+                           + (" (time limit reached)" if timed_out else ""))
+        return out
+
+    @staticmethod
+    def _finished_count(conn: psycopg.Connection, system: str, n: int) -> int:
+        remaining_sql = {
+            "outboxq": "SELECT count(*) FROM outboxq_jobs WHERE status <> 'done'",
+            "pgqueuer": "SELECT count(*) FROM pgqueuer",
+            "procrastinate": "SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')",
+        }[system]
+        return n - int(conn.execute(remaining_sql).fetchone()[0])  # type: ignore[index]
+
+    # ------------------------------------------------------------ enqueue
+
+    def enqueue_outboxq(self) -> dict[str, Any]:
+        """enqueue + commit vs a bare INSERT + commit (alternating blocks), and enqueue_many batches."""
+        from app.queue.enqueue import enqueue, enqueue_many
+
+        args = self.args
+        url = self.fresh_db("outboxq", "enqueue")
+        calls, blocks = args.enqueue_calls, 4
+        per_block = max(1, calls // blocks)
+        timings: dict[str, float] = {"enqueue_commit": 0.0, "insert_commit": 0.0,
+                                     "enqueue_in_tx": 0.0, "insert_in_tx": 0.0}
+        with psycopg.connect(url) as conn:
+            conn.execute("CREATE TABLE bench_bare (id bigserial PRIMARY KEY, queue text NOT NULL, "
+                         "payload jsonb, created_at timestamptz NOT NULL DEFAULT now())")
+            conn.commit()
+            insert = "INSERT INTO bench_bare (queue, payload) VALUES (%s, %s) RETURNING id"
+            for _ in range(20):  # warm both paths (prepared statements, caches)
+                enqueue(conn, "bench", {"i": 0})
+                conn.execute(insert, ("bench", '{"i": 0}'))
+                conn.commit()
+            for block in range(blocks):
+                self.progress.update(f"enqueue outboxq: block {block + 1}/{blocks}", force=True)
+                order = ["insert", "enqueue"] if block % 2 == 0 else ["enqueue", "insert"]
+                for kind in order:
+                    t0 = time.perf_counter()
+                    for i in range(per_block):
+                        if kind == "enqueue":
+                            enqueue(conn, "bench", {"i": i})
+                        else:
+                            conn.execute(insert, ("bench", json.dumps({"i": i})))
+                        conn.commit()
+                    timings[f"{kind}_commit"] += time.perf_counter() - t0
+                    t0 = time.perf_counter()  # the statement alone: many calls, one commit
+                    for i in range(per_block):
+                        if kind == "enqueue":
+                            enqueue(conn, "bench", {"i": i})
+                        else:
+                            conn.execute(insert, ("bench", json.dumps({"i": i})))
+                    conn.commit()
+                    timings[f"{kind}_in_tx"] += time.perf_counter() - t0
+            many_rates = []
+            for _ in range(args.enqueue_many_batches):
+                payloads = [{"i": i} for i in range(10_000)]
+                t0 = time.perf_counter()
+                enqueue_many(conn, "bench", payloads)
+                conn.commit()
+                many_rates.append(10_000 / (time.perf_counter() - t0))
+            small_rates = []
+            for _ in range(10):
+                payloads = [{"i": i} for i in range(1000)]
+                t0 = time.perf_counter()
+                enqueue_many(conn, "bench", payloads)
+                conn.commit()
+                small_rates.append(1000 / (time.perf_counter() - t0))
+        total = per_block * blocks
+        out = {
+            "calls": total,
+            "enqueue_commit_per_s": total / timings["enqueue_commit"],
+            "insert_commit_per_s": total / timings["insert_commit"],
+            "enqueue_in_tx_per_s": total / timings["enqueue_in_tx"],
+            "insert_in_tx_per_s": total / timings["insert_in_tx"],
+            "enqueue_many_10k_per_s": median(many_rates),
+            "enqueue_many_1k_per_s": median(small_rates),
+        }
+        out["enqueue_vs_insert"] = out["enqueue_commit_per_s"] / out["insert_commit_per_s"]
+        out["enqueue_vs_insert_in_tx"] = out["enqueue_in_tx_per_s"] / out["insert_in_tx_per_s"]
+        if args.http:
+            try:
+                out.update(self.enqueue_http(url))
+                out["http_vs_python_1k"] = ratio(out["http_batch_1k_per_s"], out["enqueue_many_1k_per_s"])
+            except Exception as exc:  # the API is optional for this figure
+                out["http_error"] = str(exc)
+        self.progress.done(
+            f"enqueue outboxq: {out['enqueue_commit_per_s']:,.0f}/s with a commit each vs bare INSERT "
+            f"{out['insert_commit_per_s']:,.0f}/s ({out['enqueue_vs_insert']:.2f}x); in one transaction "
+            f"{out['enqueue_in_tx_per_s']:,.0f}/s vs {out['insert_in_tx_per_s']:,.0f}/s; enqueue_many "
+            f"10k batches {out['enqueue_many_10k_per_s']:,.0f} jobs/s"
+            + (f"; HTTP batch {out['http_batch_1k_per_s']:,.0f} jobs/s" if "http_batch_1k_per_s" in out else ""))
+        return out
+
+    def enqueue_http(self, url: str) -> dict[str, Any]:
+        """POST /v1/queues/{queue}/jobs/batch with 1,000-job batches against a local `outboxq serve`."""
+        import logging
+        import socket
+
+        import httpx
+
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        token = "bench-token"
+        env = dict(os.environ, DATABASE_URL=url, OUTBOXQ_API_TOKENS=f"{token}:admin",
+                   OUTBOXQ_PORT=str(port), OUTBOXQ_HOST="127.0.0.1")
+        log = open(self.log_dir / "http.log", "w")  # noqa: SIM115
+        process = subprocess.Popen([sys.executable, "-m", "app.api.server"], env=env, stdout=log,
+                                   stderr=subprocess.STDOUT, cwd=str(DRIVERS.parent.parent))
+        try:
+            base = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 30
+            with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=60) as client:
+                while True:
+                    try:
+                        if client.get("/readyz").status_code == 200:
+                            break
+                    except httpx.HTTPError:
+                        pass
+                    if time.monotonic() > deadline or process.poll() is not None:
+                        raise BenchError("the HTTP service did not become ready")
+                    time.sleep(0.1)
+                body = {"jobs": [{"payload": {"i": i}} for i in range(1000)]}
+                for _ in range(3):
+                    client.post("/v1/queues/bench/jobs/batch", json=body).raise_for_status()
+                rates = []
+                for _ in range(10):
+                    t0 = time.perf_counter()
+                    client.post("/v1/queues/bench/jobs/batch", json=body).raise_for_status()
+                    rates.append(1000 / (time.perf_counter() - t0))
+        finally:
+            process.terminate()
+            try:
+                process.wait(10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+            log.close()
+        return {"http_batch_1k_per_s": median(rates)}
+
+    def enqueue_peer(self, system: str) -> dict[str, Any]:
+        """The peer's single-job enqueue (one transaction each) and its batch enqueue."""
+        url = self.fresh_db(system, "enqueue")
+        self.progress.update(f"enqueue {system}", force=True)
+        single = self.driver(system, "enqueue_single", url, n=self.args.peer_enqueue_calls).wait_result(600)
+        batch = self.driver(system, "fill", url, n=10_000 * self.args.enqueue_many_batches).wait_result(600)
+        out = {"enqueue_commit_per_s": single["jobs_per_s"], "batch_10k_per_s": batch["jobs_per_s"]}
+        self.progress.done(f"enqueue {system}: {out['enqueue_commit_per_s']:,.0f}/s single, "
+                           f"{out['batch_10k_per_s']:,.0f} jobs/s in 10k batches")
+        return out
+
+    # ------------------------------------------------------------ latency
+
+    def latency(self, system: str) -> dict[str, Any]:
+        """Idle worker; one job at a time committed; commit returned → handler started."""
+        url = self.fresh_db(system, "latency")
+        worker = self.driver(system, "latency_worker", url)
+        try:
+            worker.wait_ready()
+            self.progress.update(f"latency {system}: {self.args.latency_samples} samples", force=True)
+            enqueuer = self.driver(system, "latency_enqueue", url, n=self.args.latency_samples,
+                                   gap_s=self.args.latency_gap_ms / 1000)
+            committed = enqueuer.wait_result(600)["committed"]
+            time.sleep(0.5)  # let the last one start
+            worker.send("stop")
+            started = worker.wait_result(60)["started"]
+        finally:
+            worker.send("stop")
+            worker.close()
+        samples = [(started[seq] - committed[seq]) * 1000 for seq in committed if seq in started]
+        if not samples:
+            raise BenchError(f"latency {system}: no job started")
+        out = {"samples": len(samples), "missing": len(committed) - len(samples),
+               "p50_ms": percentile(samples, 50), "p90_ms": percentile(samples, 90),
+               "p99_ms": percentile(samples, 99), "max_ms": max(samples)}
+        self.progress.done(f"latency {system}: p50 {out['p50_ms']:.2f} ms, p99 {out['p99_ms']:.2f} ms "
+                           f"({out['samples']} samples)")
+        return out
+
+    # ------------------------------------------------------------ pgbench ceiling
+
+    def pgbench(self) -> dict[str, Any] | None:
+        """SKIP LOCKED claim + completion in plain SQL: 1 and 100 jobs per transaction."""
+        binary = shutil.which("pgbench")
+        if binary is None:
+            self.progress.done("pgbench: not installed, no ceiling measured")
+            return None
+        url = self.server.recreate(f"{self.prefix}_pgbench")
+        script = self.log_dir / "claim_complete.sql"
+        script.write_text(
+            "WITH c AS (SELECT id FROM q WHERE status = 'queued' ORDER BY id LIMIT :batch FOR UPDATE SKIP LOCKED),\n"
+            "u AS (UPDATE q SET status = 'running' FROM c WHERE q.id = c.id RETURNING q.id)\n"
+            "SELECT coalesce(array_agg(id), '{}')::text AS ids FROM u \\gset\n"
+            "UPDATE q SET status = 'done', finished_at = now() WHERE id = ANY(:ids::bigint[]);\n"
+        )
+        out: dict[str, Any] = {}
+        for batch, clients, per_client in self.args.pgbench_configs:
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("DROP TABLE IF EXISTS q")
+                conn.execute("CREATE TABLE q (id bigserial PRIMARY KEY, status text NOT NULL DEFAULT 'queued', "
+                             "payload jsonb, finished_at timestamptz)")
+                conn.execute("INSERT INTO q (payload) SELECT 'null'::jsonb FROM generate_series(1, %s)",
+                             (batch * clients * per_client + batch * clients,))
+                conn.execute("CREATE INDEX q_claim ON q (id) WHERE status = 'queued'")
+                conn.execute("VACUUM ANALYZE q")
+            label = f"pgbench {batch}/tx x{clients}"
+            self.progress.update(label, force=True)
+            run = subprocess.run(
+                [binary, "-n", "-M", "prepared", "-f", str(script), "-D", f"batch={batch}", "-c", str(clients),
+                 "-j", str(min(clients, os.cpu_count() or 1)), "-t", str(per_client), url],
+                capture_output=True, text=True, timeout=600,
+            )
+            match = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", run.stdout)
+            if run.returncode != 0 or not match:
+                raise BenchError(f"pgbench failed: {run.stderr[-2000:]}")
+            jobs_per_s = float(match.group(1)) * batch
+            out[f"{batch}x{clients}"] = {"batch": batch, "clients": clients, "jobs_per_s": jobs_per_s}
+            self.progress.done(f"{label}: {jobs_per_s:,.0f} jobs/s")
+        self.server.drop(f"{self.prefix}_pgbench")
+        return out
+
+    # ------------------------------------------------------------ backlog
+
+    def backlog(self) -> dict[str, Any]:
+        """Drain at a large backlog (with RSS), and the claim plan + drain with many finished jobs kept."""
+        args = self.args
+        out: dict[str, Any] = {}
+        baseline = self.drain("outboxq", args.jobs, f"drain outboxq {args.jobs:,} (baseline)")
+        out["baseline"] = baseline
+        if args.backlog_jobs:
+            big = self.drain("outboxq", args.backlog_jobs, f"drain outboxq {args.backlog_jobs:,} backlog")
+            out["large"] = big
+            out["large_vs_baseline"] = big["jobs_per_s"] / baseline["jobs_per_s"]
+        if args.finished_jobs:
+            url = self.fresh_db("outboxq", "finished")
+            self.progress.update(f"backlog: writing {args.finished_jobs:,} finished jobs", force=True)
+            t0 = time.perf_counter()
+            with psycopg.connect(url, autocommit=True) as conn:
+                step = 1_000_000
+                for offset in range(0, args.finished_jobs, step):
+                    conn.execute(
+                        "INSERT INTO outboxq_jobs (queue, status, payload, attempts, max_attempts, started_at, "
+                        "attempt_started_at, finished_at) SELECT 'bench', 'done', 'null'::jsonb, 1, 25, "
+                        "now(), now(), now() FROM generate_series(1, %s)",
+                        (min(step, args.finished_jobs - offset),))
+                    self.progress.update(f"backlog: {offset + step:,} finished jobs written", force=True)
+                conn.execute("VACUUM ANALYZE outboxq_jobs")
+            self.progress.done(f"backlog: {args.finished_jobs:,} finished jobs written in "
+                               f"{time.perf_counter() - t0:.0f}s")
+            from app.queue.enqueue import enqueue_many
+
+            with psycopg.connect(url) as conn:
+                for offset in range(0, args.jobs, 10_000):
+                    enqueue_many(conn, "bench", [None] * min(10_000, args.jobs - offset))
+                conn.commit()
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("ANALYZE outboxq_jobs")
+            out["claim_plan"] = claim_plan(url)
+            self.progress.done(
+                "claim plan with {:,} finished jobs: {} ({:.2f} ms, {} buffers)".format(
+                    args.finished_jobs,
+                    "uses outboxq_jobs_claim_idx" if out["claim_plan"]["uses_claim_index"] else "NO claim index",
+                    out["claim_plan"]["execution_ms"], out["claim_plan"]["buffers"]))
+            kept = self.drain("outboxq", args.jobs, f"drain outboxq {args.jobs:,} beside "
+                              f"{args.finished_jobs:,} finished", db_url=url, fill=False)
+            out["with_finished"] = kept
+            out["with_finished_vs_baseline"] = kept["jobs_per_s"] / baseline["jobs_per_s"]
+        return out
+
+    # ------------------------------------------------------------ orchestration
+
+    def run(self) -> dict[str, Any]:
+        """Every requested sub-benchmark, `rounds` times, the systems alternating within each round."""
+        args = self.args
+        wanted = args.which or ["drain", "enqueue", "latency"]
+        steps: list[tuple[str, str, Callable[[], Any]]] = []
+        if "drain" in wanted:
+            steps.append(("drain", "outboxq", lambda: self.drain("outboxq", args.jobs, "drain outboxq defaults")))
+            if args.compare:
+                steps.append(("drain", "pgqueuer_defaults", lambda: self.drain(
+                    "pgqueuer", args.jobs, "drain pgqueuer defaults (batch 10, 1 process)")))
+                for batch, processes in args.pgqueuer_sweep:
+                    steps.append(("drain", f"pgqueuer_b{batch}_p{processes}", lambda b=batch, p=processes: self.drain(
+                        "pgqueuer", args.jobs, f"drain pgqueuer batch {b} x{p} processes",
+                        worker={"batch_size": b}, processes=p)))
+                steps.append(("drain", "procrastinate_defaults", lambda: self.drain(
+                    "procrastinate", args.peer_slow_jobs, "drain procrastinate defaults (concurrency 1)")))
+                steps.append(("drain", "procrastinate_c10_p4", lambda: self.drain(
+                    "procrastinate", args.peer_slow_jobs, "drain procrastinate concurrency 10 x4 processes",
+                    worker={"concurrency": 10}, processes=4)))
+                steps.append(("drain", "pgbench", self.pgbench))
+        if "enqueue" in wanted:
+            steps.append(("enqueue", "outboxq", self.enqueue_outboxq))
+            if args.compare:
+                steps.append(("enqueue", "pgqueuer", lambda: self.enqueue_peer("pgqueuer")))
+                steps.append(("enqueue", "procrastinate", lambda: self.enqueue_peer("procrastinate")))
+        if "latency" in wanted:
+            steps.append(("latency", "outboxq", lambda: self.latency("outboxq")))
+            if args.compare:
+                steps.append(("latency", "pgqueuer", lambda: self.latency("pgqueuer")))
+                steps.append(("latency", "procrastinate", lambda: self.latency("procrastinate")))
+
+        started = time.monotonic()
+        collected: dict[str, dict[str, list[Any]]] = {}
+        for round_number in range(1, args.rounds + 1):
+            self.progress.prefix = f"[round {round_number}/{args.rounds}] " if args.rounds > 1 else ""
+            # Alternate: odd rounds in order, even rounds reversed (per sub-benchmark group).
+            ordered = steps if round_number % 2 else list(reversed(steps))
+            for group, name, step in ordered:
+                try:
+                    result = step()
+                except BenchError as exc:
+                    self.progress.done(f"{group} {name}: FAILED: {exc}")
+                    result = {"error": str(exc)}
+                collected.setdefault(group, {}).setdefault(name, []).append(result)
+        self.progress.prefix = ""
+        if "backlog" in wanted:
+            self.results["backlog"] = self.backlog()
+        self.results["runs"] = collected
+        self.results["summary"] = summarize(collected)
+        self.results["seconds"] = time.monotonic() - started
+        return self.results
+
+
+def claim_plan(url: str, limit: int = 500) -> dict[str, Any]:
+    """EXPLAIN ANALYZE of the worker's claim statement (rolled back): which index it uses, and its cost."""
+    import uuid
+
+    from app.queue import sql
+
+    with psycopg.ClientCursor(psycopg.connect(url)) as cur:
+        cur.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql.job_claim_batch, {
+            "queue": "bench", "limit": limit, "lease_token": uuid.uuid4(), "lease_s": 60.0,
+            "worker_id": "bench", "default_max_attempts": 25,
+        })
+        plan = cur.fetchone()[0][0]  # type: ignore[index]
+        cur.connection.rollback()
+        cur.connection.close()
+    nodes: list[dict[str, Any]] = []
+
+    def walk(node: dict[str, Any]) -> None:
+        nodes.append(node)
+        for child in node.get("Plans", []):
+            walk(child)
+
+    walk(plan["Plan"])
+    jobs_scans = [n for n in nodes if n.get("Relation Name") == "outboxq_jobs" and "Scan" in n["Node Type"]]
+    return {
+        "uses_claim_index": any(n.get("Index Name") == "outboxq_jobs_claim_idx" for n in nodes),
+        "seq_scan_on_jobs": any(n["Node Type"] == "Seq Scan" for n in jobs_scans),
+        "scans": sorted({f"{n['Node Type']} {n.get('Index Name', '')}".strip() for n in jobs_scans}),
+        "execution_ms": plan.get("Execution Time"),
+        "buffers": plan["Plan"].get("Shared Hit Blocks", 0) + plan["Plan"].get("Shared Read Blocks", 0),
+    }
+
+
+def summarize(collected: dict[str, dict[str, list[Any]]]) -> dict[str, Any]:
+    """Medians over the rounds, and the ratios the goals are stated in."""
+    summary: dict[str, Any] = {}
+    drain = collected.get("drain", {})
+    rates: dict[str, float | None] = {}
+    for name, runs in drain.items():
+        if name == "pgbench":
+            configs: dict[str, list[float]] = {}
+            for run in runs:
+                for key, value in (run or {}).items():
+                    if isinstance(value, dict) and "jobs_per_s" in value:
+                        configs.setdefault(key, []).append(value["jobs_per_s"])
+            summary["pgbench_jobs_per_s"] = {k: median(v) for k, v in configs.items()}
+            continue
+        good = [r["jobs_per_s"] for r in runs if r and "jobs_per_s" in r]
+        rates[name] = median(good)
+        summary.setdefault("drain_jobs_per_s", {})[name] = {
+            "median": rates[name], "runs": [round(x) for x in good],
+            "rss_start_kb": median([r["rss_start_kb"] for r in runs if r and "rss_start_kb" in r]),
+            "rss_end_kb": median([r["rss_end_kb"] for r in runs if r and "rss_end_kb" in r]),
+        }
+    pgqueuer = {k: v for k, v in rates.items() if k.startswith("pgqueuer_b") and v}
+    if pgqueuer:
+        best = max(pgqueuer, key=lambda k: pgqueuer[k] or 0)
+        summary["pgqueuer_best"] = {"config": best, "jobs_per_s": pgqueuer[best]}
+    ours = rates.get("outboxq")
+    summary["ratios"] = {
+        "outboxq_vs_pgqueuer_best": ratio(ours, summary.get("pgqueuer_best", {}).get("jobs_per_s")),
+        "outboxq_vs_pgqueuer_defaults": ratio(ours, rates.get("pgqueuer_defaults")),
+        "outboxq_vs_procrastinate_defaults": ratio(ours, rates.get("procrastinate_defaults")),
+        "outboxq_vs_procrastinate_best": ratio(ours, rates.get("procrastinate_c10_p4")),
+    }
+    ceilings = summary.get("pgbench_jobs_per_s") or {}
+    if ceilings and ours:
+        summary["ratios"]["outboxq_vs_pgbench_batched_best"] = ratio(ours, max(ceilings.values()))
+    for group in ("enqueue", "latency"):
+        for name, runs in collected.get(group, {}).items():
+            keys = {k for r in runs if r and "error" not in r for k, v in r.items() if isinstance(v, int | float)}
+            summary.setdefault(group, {})[name] = {
+                k: median([r[k] for r in runs if r and isinstance(r.get(k), int | float)]) for k in sorted(keys)
+            }
+    ratios = summary["ratios"]
+    enqueue = summary.get("enqueue", {})
+    if enqueue.get("outboxq"):
+        ratios["enqueue_vs_bare_insert"] = enqueue["outboxq"].get("enqueue_vs_insert")
+        for peer in ("pgqueuer", "procrastinate"):
+            ratios[f"enqueue_vs_{peer}"] = ratio(enqueue["outboxq"].get("enqueue_commit_per_s"),
+                                                  enqueue.get(peer, {}).get("enqueue_commit_per_s"))
+    latency = summary.get("latency", {})
+    for peer in ("pgqueuer", "procrastinate"):
+        if latency.get("outboxq") and latency.get(peer):
+            ratios[f"latency_p50_{peer}_over_outboxq"] = ratio(latency[peer]["p50_ms"], latency["outboxq"]["p50_ms"])
+            ratios[f"latency_p99_{peer}_over_outboxq"] = ratio(latency[peer]["p99_ms"], latency["outboxq"]["p99_ms"])
+    return summary
+
+
+# ---------------------------------------------------------------- report
+
+
+def _num(value: Any, digits: int = 0) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.{digits}f}"
+
+
+def render(results: dict[str, Any]) -> str:
+    """The human-readable tables (Markdown)."""
+    s = results.get("summary", {})
+    m, srv = results["machine"], results["server"]
+    lines = [
+        f"machine: {m['cpus']} CPUs ({m['cpu_model']}), {m['memory_gb']} GB, load {m['load_1m']}, "
+        f"Python {m['python']}; PostgreSQL {srv['version']}, synchronous_commit={srv['synchronous_commit']}, "
+        f"fsync={srv['fsync']}, shared_buffers={srv['shared_buffers']}",
+        f"rounds: {results['settings']['rounds']} (medians), drain of {results['settings']['jobs']:,} no-op jobs "
+        f"(Procrastinate: {results['settings']['peer_slow_jobs']:,})",
+        "",
+    ]
+    drain = s.get("drain_jobs_per_s", {})
+    if drain:
+        ours = (drain.get("outboxq") or {}).get("median")
+        lines += ["| drain | jobs/s (median) | runs | outboxq / this | worker RSS start → end |",
+                  "| --- | ---: | --- | ---: | --- |"]
+        for name, d in drain.items():
+            lines.append(f"| {name} | {_num(d['median'])} | {', '.join(f'{x:,}' for x in d['runs'])} | "
+                         f"{_num(ratio(ours, d['median']), 2)} | "
+                         f"{_num((d['rss_start_kb'] or 0) / 1024, 1)} → {_num((d['rss_end_kb'] or 0) / 1024, 1)} MB |")
+        for key, value in (s.get("pgbench_jobs_per_s") or {}).items():
+            batch, clients = key.split("x")
+            lines.append(f"| pgbench ceiling, {batch} job(s)/tx, {clients} client(s) | {_num(value)} | | "
+                         f"{_num(ratio(ours, value), 2)} | |")
+        if s.get("pgqueuer_best"):
+            lines.append(f"\nPgQueuer best configuration: {s['pgqueuer_best']['config']}")
+        lines.append("")
+    enqueue = s.get("enqueue", {})
+    if enqueue.get("outboxq"):
+        e = enqueue["outboxq"]
+        lines += ["| enqueue | per second |", "| --- | ---: |",
+                  f"| outboxq enqueue + commit, one job per call | {_num(e.get('enqueue_commit_per_s'))} |",
+                  f"| bare one-row INSERT + commit, same connection | {_num(e.get('insert_commit_per_s'))} |",
+                  f"| ratio enqueue / bare INSERT (commit each) | {_num(e.get('enqueue_vs_insert'), 2)} |",
+                  f"| outboxq enqueue, many per transaction | {_num(e.get('enqueue_in_tx_per_s'))} |",
+                  f"| bare INSERT, many per transaction | {_num(e.get('insert_in_tx_per_s'))} |",
+                  f"| ratio (statement cost alone) | {_num(e.get('enqueue_vs_insert_in_tx'), 2)} |",
+                  f"| outboxq enqueue_many, 10,000-job batches (jobs/s) | {_num(e.get('enqueue_many_10k_per_s'))} |",
+                  f"| outboxq enqueue_many, 1,000-job batches (jobs/s) | {_num(e.get('enqueue_many_1k_per_s'))} |",
+                  f"| HTTP batch route, 1,000-job batches (jobs/s) | {_num(e.get('http_batch_1k_per_s'))} |",
+                  f"| ratio HTTP / Python (1,000-job batches) | {_num(e.get('http_vs_python_1k'), 2)} |"]
+        for peer in ("pgqueuer", "procrastinate"):
+            if enqueue.get(peer):
+                lines.append(f"| {peer} single enqueue (one transaction each) | "
+                             f"{_num(enqueue[peer].get('enqueue_commit_per_s'))} |")
+                lines.append(f"| {peer} batch enqueue, 10,000-job batches (jobs/s) | "
+                             f"{_num(enqueue[peer].get('batch_10k_per_s'))} |")
+        lines.append("")
+    latency = s.get("latency", {})
+    if latency:
+        lines += ["| latency: commit → handler start (idle worker) | p50 ms | p90 ms | p99 ms | max ms |",
+                  "| --- | ---: | ---: | ---: | ---: |"]
+        for name, lat in latency.items():
+            lines.append(f"| {name} | {_num(lat.get('p50_ms'), 2)} | {_num(lat.get('p90_ms'), 2)} | "
+                         f"{_num(lat.get('p99_ms'), 2)} | {_num(lat.get('max_ms'), 2)} |")
+        lines.append("")
+    backlog = results.get("backlog")
+    if backlog:
+        lines += ["| backlog | value |", "| --- | ---: |",
+                  f"| drain {backlog['baseline']['n']:,} (baseline), jobs/s | {_num(backlog['baseline']['jobs_per_s'])} |"]
+        if "large" in backlog:
+            big = backlog["large"]
+            lines += [f"| drain {big['n']:,} backlog, jobs/s | {_num(big['jobs_per_s'])} |",
+                      f"| ratio large / baseline | {_num(backlog['large_vs_baseline'], 2)} |",
+                      f"| worker RSS at start / max / end ({big['n']:,} drain) | {_num(big['rss_start_kb'] / 1024, 1)} / "
+                      f"{_num(big['rss_max_kb'] / 1024, 1)} / {_num(big['rss_end_kb'] / 1024, 1)} MB |"]
+        if "claim_plan" in backlog:
+            plan = backlog["claim_plan"]
+            kept = backlog["with_finished"]
+            lines += [f"| claim plan beside finished jobs | {', '.join(plan['scans'])} "
+                      f"({_num(plan['execution_ms'], 2)} ms, {plan['buffers']} buffers) |",
+                      f"| drain {kept['n']:,} beside {results['settings']['finished_jobs']:,} finished, jobs/s "
+                      f"| {_num(kept['jobs_per_s'])} |",
+                      f"| ratio with finished / baseline | {_num(backlog['with_finished_vs_baseline'], 2)} |"]
+        lines.append("")
+    ratios = {k: v for k, v in (s.get("ratios") or {}).items() if v is not None}
+    if ratios:
+        lines += ["| ratio | value |", "| --- | ---: |"] + [f"| {k} | {v:.2f} |" for k, v in ratios.items()]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- peers' virtual environment
+
+
+def ensure_peers_venv(venv: Path, progress: Progress) -> str:
+    """The Python of a virtual environment holding PgQueuer and Procrastinate (created when missing)."""
+    python = venv / "bin" / "python"
+    check = [str(python), "-c", "import pgqueuer, procrastinate, asyncpg"]
+    if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
+        return str(python)
+    progress.done(f"creating the peers' virtual environment in {venv} (pip install {' '.join(PEER_PACKAGES)})")
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    install = subprocess.run([str(python), "-m", "pip", "install", "--quiet", *PEER_PACKAGES],
+                             capture_output=True, text=True)
+    if install.returncode != 0 or subprocess.run(check, capture_output=True).returncode != 0:
+        raise BenchError(f"could not install the peers into {venv}:\n{install.stderr[-2000:]}")
+    return str(python)
+
+
+def peer_versions(python: str) -> dict[str, str]:
+    """Installed versions of the peers."""
+    code = ("import importlib.metadata as m, json; print(json.dumps({p: m.version(p) for p in "
+            "('pgqueuer', 'procrastinate', 'asyncpg', 'psycopg')}))")
+    run = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    return json.loads(run.stdout) if run.returncode == 0 else {}
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def _pair_list(text: str) -> list[tuple[int, int]]:
+    return [tuple(int(x) for x in item.split("x")) for item in text.split(",") if item]  # type: ignore[misc]
+
+
+def _triple_list(text: str) -> list[tuple[int, int, int]]:
+    return [tuple(int(x) for x in item.split("x")) for item in text.split(",") if item]  # type: ignore[misc]
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run the benchmarks, print the tables (or --json), drop the benchmark databases."""
+    unknown = [w for w in args.which if w not in SUB_BENCHMARKS]
+    if unknown:
+        print(f"outboxq bench: unknown sub-benchmark {', '.join(unknown)}; choose from "
+              f"{', '.join(SUB_BENCHMARKS)}", file=sys.stderr)
+        return 2
+    if args.url is None:
+        from app.db import database_url
+
+        args.url = database_url()
+    bench = Bench(args)
+    try:
+        results = bench.run()
+        if args.compare and bench.peers_python:
+            results["peer_versions"] = peer_versions(bench.peers_python)
+    finally:
+        if not args.keep:
+            bench.cleanup()
+    if args.output:
+        Path(args.output).write_text(json.dumps(results, indent=2, default=str))
+    if args.json:
+        print(json.dumps(results, indent=2, default=str))
+    else:
+        print(render(results))
+    failed = [name for group in results["runs"].values() for name, runs in group.items()
+              if any(r and "error" in r for r in runs)]
+    return 1 if failed else 0
+
+
+def register(sub: Any) -> None:
+    """Add `outboxq bench` to the CLI."""
+    p = sub.add_parser("bench", help="benchmarks: drain, enqueue, latency, backlog (--compare: peers too)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("which", nargs="*", metavar="SUB",
+                   help=f"sub-benchmarks among {', '.join(SUB_BENCHMARKS)} (default: drain enqueue latency)")
+    p.add_argument("--compare", action="store_true", help="also run PgQueuer, Procrastinate and pgbench")
+    p.add_argument("--rounds", type=int, default=1, help="alternated rounds; figures are medians (default 1)")
+    p.add_argument("--jobs", type=int, default=50_000, help="jobs per drain (default 50,000)")
+    p.add_argument("--peer-slow-jobs", type=int, default=5_000,
+                   help="jobs per Procrastinate drain, which runs at a few hundred jobs/s (default 5,000)")
+    p.add_argument("--pgqueuer-sweep", type=_pair_list, default=_pair_list("100x1,500x1,500x2,1000x2"),
+                   help="PgQueuer batch sizes x processes to sweep (default 100x1,500x1,500x2,1000x2)")
+    p.add_argument("--pgbench-configs", type=_triple_list, default=_triple_list("1x1x2000,1x8x400,100x1x200,100x4x100"),
+                   help="pgbench jobs-per-transaction x clients x transactions-per-client "
+                        "(default 1x1x2000,1x8x400,100x1x200,100x4x100)")
+    p.add_argument("--enqueue-calls", type=int, default=2_000, help="single enqueues per method (default 2,000)")
+    p.add_argument("--peer-enqueue-calls", type=int, default=1_000, help="single enqueues per peer (default 1,000)")
+    p.add_argument("--enqueue-many-batches", type=int, default=5, help="10,000-job batches (default 5)")
+    p.add_argument("--no-http", dest="http", action="store_false", help="skip the HTTP batch figure")
+    p.add_argument("--latency-samples", type=int, default=200, help="latency samples (default 200)")
+    p.add_argument("--latency-gap-ms", type=float, default=20.0, help="pause between latency jobs (default 20)")
+    p.add_argument("--backlog-jobs", type=int, default=1_000_000, help="backlog drain size (default 1,000,000; 0 skips)")
+    p.add_argument("--finished-jobs", type=int, default=5_000_000,
+                   help="finished jobs kept beside the queue for the plan check (default 5,000,000; 0 skips)")
+    p.add_argument("--max-seconds", type=float, default=180.0, help="time limit of one drain (default 180)")
+    p.add_argument("--url", help="the PostgreSQL server (default: DATABASE_URL or the embedded one); "
+                                 f"databases named {DB_PREFIX}_* are created and dropped there")
+    p.add_argument("--peers-venv", default=os.environ.get("OUTBOXQ_BENCH_PEERS_VENV", DEFAULT_PEERS_VENV),
+                   help=f"virtual environment for the peers (default {DEFAULT_PEERS_VENV}; created when missing)")
+    p.add_argument("--json", action="store_true", help="print the full results as JSON")
+    p.add_argument("--output", help="also write the JSON results to this file")
+    p.add_argument("--keep", action="store_true", help="keep the benchmark databases")
+    p.add_argument("--quiet", action="store_true", help="no progress display")
+    p.set_defaults(func=cmd_bench)

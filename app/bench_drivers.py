@@ -1,0 +1,471 @@
+"""Benchmark drivers: one process per run of one queue system (outboxq, PgQueuer or Procrastinate).
+
+`outboxq bench` starts this file as a script, with outboxq's interpreter for outboxq and with the peers'
+separate virtual environment for PgQueuer and Procrastinate, so the peers are never a dependency of
+outboxq. The file imports only the standard library at the top and the system under test inside each
+driver, so one protocol serves all three:
+
+    python bench_drivers.py '{"system": "pgqueuer", "action": "drain", "url": "...", ...}'
+
+Each run prints JSON lines on stdout ({"event": "ready" | "progress" | "result", ...}) and, for the
+actions that wait, reads "go" and "stop" lines on stdin. The parent (app/bench.py) measures wall time
+from "go" to the moment the database says every job is finished, so every system is timed the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import threading
+import time
+from typing import Any
+
+QUEUE = "bench"
+PROGRESS_EVERY_S = 0.1
+
+
+# ---------------------------------------------------------------- protocol helpers
+
+
+def emit(event: str, **fields: Any) -> None:
+    """One JSON line to the parent."""
+    sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
+    sys.stdout.flush()
+
+
+def rss_kb() -> int:
+    """The resident set size of this process in KiB (Linux /proc)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+class Control:
+    """The parent's control lines ("go", "stop"), read by one thread, as events."""
+
+    def __init__(self) -> None:
+        self.events = {"go": threading.Event(), "stop": threading.Event()}
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in sys.stdin:
+            event = self.events.get(line.strip())
+            if event is not None:
+                event.set()
+        for event in self.events.values():  # stdin closed: the parent is gone
+            event.set()
+
+    def wait(self, name: str) -> None:
+        """Block until the parent wrote `name`."""
+        self.events[name].wait()
+
+    async def wait_async(self, name: str) -> None:
+        """Wait for `name` without blocking the event loop."""
+        while not self.events[name].is_set():
+            await asyncio.sleep(0.02)
+
+
+_control: Control | None = None
+
+
+def control() -> Control:
+    """The process's one Control (started on first use)."""
+    global _control
+    if _control is None:
+        _control = Control()
+    return _control
+
+
+class Counter:
+    """A thread-safe count of handler calls."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        self._lock = threading.Lock()
+
+    def add(self) -> None:
+        """Count one call."""
+        with self._lock:
+            self.value += 1
+
+
+def report_progress(counter: Counter, stop: threading.Event) -> None:
+    """Print the handled count every PROGRESS_EVERY_S until `stop` (a thread)."""
+    while not stop.wait(PROGRESS_EVERY_S):
+        emit("progress", handled=counter.value, rss_kb=rss_kb())
+
+
+def start_progress(counter: Counter) -> threading.Event:
+    """Start the progress thread; set the returned event to end it."""
+    stop = threading.Event()
+    threading.Thread(target=report_progress, args=(counter, stop), daemon=True).start()
+    return stop
+
+
+async def until_stop_or_done(task: asyncio.Task[Any]) -> None:
+    """Wait for the parent's "stop", or for the worker task to end (raising its error if it failed)."""
+    stop = control().events["stop"]
+    while not stop.is_set() and not task.done():
+        await asyncio.sleep(0.02)
+    if task.done():
+        task.result()
+
+
+# ---------------------------------------------------------------- outboxq
+
+
+def outboxq_fill(spec: dict[str, Any]) -> dict[str, Any]:
+    """Enqueue `n` no-op jobs with enqueue_many, `batch` per transaction."""
+    import psycopg
+
+    from app.queue.enqueue import enqueue_many
+
+    n, batch = spec["n"], spec.get("batch", 10_000)
+    started = time.perf_counter()
+    with psycopg.connect(spec["url"]) as conn:
+        for offset in range(0, n, batch):
+            enqueue_many(conn, QUEUE, [None] * min(batch, n - offset))
+            conn.commit()
+    elapsed = time.perf_counter() - started
+    return {"n": n, "seconds": elapsed, "jobs_per_s": n / elapsed}
+
+
+def outboxq_enqueue_single(spec: dict[str, Any]) -> dict[str, Any]:
+    """`n` calls of enqueue + commit on one connection."""
+    import psycopg
+
+    from app.queue.enqueue import enqueue
+
+    n = spec["n"]
+    with psycopg.connect(spec["url"]) as conn:
+        started = time.perf_counter()
+        for i in range(n):
+            enqueue(conn, QUEUE, {"i": i})
+            conn.commit()
+        elapsed = time.perf_counter() - started
+    return {"n": n, "seconds": elapsed, "jobs_per_s": n / elapsed}
+
+
+def outboxq_worker(spec: dict[str, Any], handler: Any) -> Any:
+    """A Worker for one consumer with outboxq's default settings (plus any `worker` overrides)."""
+    from workers.registry import Consumer
+    from workers.runner import Worker
+
+    return Worker([Consumer(queue=QUEUE, handler=handler)], url=spec["url"], **spec.get("worker", {}))
+
+
+def outboxq_drain(spec: dict[str, Any]) -> dict[str, Any]:
+    """Run a default worker from "go" until "stop"; count handler calls."""
+    counter = Counter()
+
+    def noop(payload: Any) -> None:
+        counter.add()
+
+    worker = outboxq_worker(spec, noop)
+    emit("ready", rss_kb=rss_kb())
+    control().wait("go")
+    progress = start_progress(counter)
+    worker.start()
+    control().wait("stop")
+    progress.set()
+    end_rss = rss_kb()
+    worker.stop(timeout=10)
+    return {"handled": counter.value, "rss_kb": end_rss, "stats": worker.stats,
+            "concurrency": worker.concurrency, "batch_size": worker.batch_size}
+
+
+def outboxq_latency_worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """An idle worker that records, per job, the wall time its handler started."""
+    started: dict[int, float] = {}
+
+    def record(payload: Any) -> None:
+        started[payload["seq"]] = time.time()
+
+    worker = outboxq_worker(spec, record)
+    worker.start()
+    if worker._listener is not None:
+        worker._listener.ready.wait(10)
+    time.sleep(0.3)  # let the start-up claims find nothing and the dispatcher go idle
+    emit("ready", rss_kb=rss_kb())
+    control().wait("stop")
+    worker.stop(timeout=5)
+    return {"started": started}
+
+
+def outboxq_latency_enqueue(spec: dict[str, Any]) -> dict[str, Any]:
+    """Enqueue one job at a time, `gap_s` apart, recording when each commit returned."""
+    import psycopg
+
+    from app.queue.enqueue import enqueue
+
+    committed: dict[int, float] = {}
+    with psycopg.connect(spec["url"]) as conn:
+        for seq in range(spec["n"]):
+            enqueue(conn, QUEUE, {"seq": seq})
+            conn.commit()
+            committed[seq] = time.time()
+            time.sleep(spec["gap_s"])
+    return {"committed": committed}
+
+
+# ---------------------------------------------------------------- PgQueuer
+
+
+async def _pgqueuer_queries(url: str) -> tuple[Any, Any]:
+    import asyncpg
+    from pgqueuer import AsyncpgDriver, Queries
+
+    conn = await asyncpg.connect(url)
+    return conn, Queries(AsyncpgDriver(conn))
+
+
+async def pgqueuer_setup(spec: dict[str, Any]) -> dict[str, Any]:
+    """Install PgQueuer's schema (library defaults: durable tables)."""
+    conn, queries = await _pgqueuer_queries(spec["url"])
+    await queries.install()
+    await conn.close()
+    return {}
+
+
+async def pgqueuer_fill(spec: dict[str, Any]) -> dict[str, Any]:
+    """Enqueue `n` jobs with PgQueuer's batch enqueue, `batch` per call."""
+    conn, queries = await _pgqueuer_queries(spec["url"])
+    n, batch = spec["n"], spec.get("batch", 10_000)
+    started = time.perf_counter()
+    for offset in range(0, n, batch):
+        size = min(batch, n - offset)
+        await queries.enqueue([QUEUE] * size, [None] * size, [0] * size)
+    elapsed = time.perf_counter() - started
+    await conn.close()
+    return {"n": n, "seconds": elapsed, "jobs_per_s": n / elapsed}
+
+
+async def pgqueuer_enqueue_single(spec: dict[str, Any]) -> dict[str, Any]:
+    """`n` single-job enqueues on one connection (each its own transaction)."""
+    conn, queries = await _pgqueuer_queries(spec["url"])
+    n = spec["n"]
+    started = time.perf_counter()
+    for i in range(n):
+        await queries.enqueue(QUEUE, json.dumps({"i": i}).encode())
+    elapsed = time.perf_counter() - started
+    await conn.close()
+    return {"n": n, "seconds": elapsed, "jobs_per_s": n / elapsed}
+
+
+async def _pgqueuer_run(spec: dict[str, Any], handler: Any, ready: Any) -> None:
+    import asyncpg
+    from pgqueuer import AsyncpgDriver, Queries, QueueManager
+
+    conn = await asyncpg.connect(spec["url"])
+    qm = QueueManager(Queries(AsyncpgDriver(conn)))
+    qm.entrypoint(QUEUE)(handler)
+    await ready()
+    run_options = {k: v for k, v in spec.get("worker", {}).items() if k == "batch_size"}
+    task = asyncio.create_task(qm.run(**run_options))
+    await until_stop_or_done(task)
+    qm.shutdown.set()
+    await asyncio.wait_for(task, timeout=30)
+    await conn.close()
+
+
+async def pgqueuer_drain(spec: dict[str, Any]) -> dict[str, Any]:
+    """One QueueManager (asyncpg) from "go" until "stop"; library defaults unless `worker` overrides."""
+    counter = Counter()
+
+    async def noop(job: Any) -> None:
+        counter.value += 1  # one event loop thread
+
+    progress: list[threading.Event] = []
+
+    async def ready() -> None:
+        emit("ready", rss_kb=rss_kb())
+        await control().wait_async("go")
+        progress.append(start_progress(counter))
+
+    await _pgqueuer_run(spec, noop, ready)
+    for event in progress:
+        event.set()
+    return {"handled": counter.value, "rss_kb": rss_kb()}
+
+
+async def pgqueuer_latency_worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """An idle QueueManager recording the wall time each job's handler started."""
+    started: dict[int, float] = {}
+
+    async def record(job: Any) -> None:
+        started[json.loads(job.payload)["seq"]] = time.time()
+
+    async def ready() -> None:
+        async def later() -> None:
+            await asyncio.sleep(0.5)  # LISTEN set up, first empty dequeue done
+            emit("ready", rss_kb=rss_kb())
+
+        asyncio.create_task(later())
+
+    await _pgqueuer_run(spec, record, ready)
+    return {"started": started}
+
+
+async def pgqueuer_latency_enqueue(spec: dict[str, Any]) -> dict[str, Any]:
+    """Enqueue one job at a time, `gap_s` apart, recording when each enqueue returned (committed)."""
+    conn, queries = await _pgqueuer_queries(spec["url"])
+    committed: dict[int, float] = {}
+    for seq in range(spec["n"]):
+        await queries.enqueue(QUEUE, json.dumps({"seq": seq}).encode())
+        committed[seq] = time.time()
+        await asyncio.sleep(spec["gap_s"])
+    await conn.close()
+    return {"committed": committed}
+
+
+# ---------------------------------------------------------------- Procrastinate
+
+
+def _procrastinate_app(url: str, handler: Any = None) -> Any:
+    import procrastinate
+
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url))
+    if handler is not None:
+        app.task(name=QUEUE, queue=QUEUE)(handler)
+    else:
+        async def noop(**kwargs: Any) -> None:
+            return None
+
+        app.task(name=QUEUE, queue=QUEUE)(noop)
+    return app
+
+
+async def procrastinate_setup(spec: dict[str, Any]) -> dict[str, Any]:
+    """Apply Procrastinate's schema."""
+    app = _procrastinate_app(spec["url"])
+    async with app.open_async():
+        await app.schema_manager.apply_schema_async()
+    return {}
+
+
+async def procrastinate_fill(spec: dict[str, Any]) -> dict[str, Any]:
+    """Defer `n` jobs with Procrastinate's batch_defer, `batch` per call."""
+    app = _procrastinate_app(spec["url"])
+    task = app.tasks[QUEUE]
+    n, batch = spec["n"], spec.get("batch", 10_000)
+    async with app.open_async():
+        started = time.perf_counter()
+        for offset in range(0, n, batch):
+            await task.batch_defer_async(*({} for _ in range(min(batch, n - offset))))
+        elapsed = time.perf_counter() - started
+    return {"n": n, "seconds": elapsed, "jobs_per_s": n / elapsed}
+
+
+async def procrastinate_enqueue_single(spec: dict[str, Any]) -> dict[str, Any]:
+    """`n` single defers on one app (each its own transaction)."""
+    app = _procrastinate_app(spec["url"])
+    task = app.tasks[QUEUE]
+    n = spec["n"]
+    async with app.open_async():
+        started = time.perf_counter()
+        for i in range(n):
+            await task.defer_async(i=i)
+        elapsed = time.perf_counter() - started
+    return {"n": n, "seconds": elapsed, "jobs_per_s": n / elapsed}
+
+
+async def _procrastinate_run(spec: dict[str, Any], handler: Any, ready: Any) -> None:
+    app = _procrastinate_app(spec["url"], handler)
+    async with app.open_async():
+        await ready()
+        options = {"install_signal_handlers": False, "queues": [QUEUE], **spec.get("worker", {})}
+        task = asyncio.create_task(app.run_worker_async(**options))
+        await until_stop_or_done(task)
+        task.cancel()
+        try:
+            await asyncio.wait_for(task, timeout=30)
+        except (asyncio.CancelledError, TimeoutError):
+            pass
+
+
+async def procrastinate_drain(spec: dict[str, Any]) -> dict[str, Any]:
+    """One Procrastinate worker from "go" until "stop"; defaults unless `worker` overrides (concurrency)."""
+    counter = Counter()
+
+    async def noop(**kwargs: Any) -> None:
+        counter.value += 1
+
+    progress: list[threading.Event] = []
+
+    async def ready() -> None:
+        emit("ready", rss_kb=rss_kb())
+        await control().wait_async("go")
+        progress.append(start_progress(counter))
+
+    await _procrastinate_run(spec, noop, ready)
+    for event in progress:
+        event.set()
+    return {"handled": counter.value, "rss_kb": rss_kb()}
+
+
+async def procrastinate_latency_worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """An idle Procrastinate worker recording the wall time each job's handler started."""
+    started: dict[int, float] = {}
+
+    async def record(seq: int) -> None:
+        started[seq] = time.time()
+
+    async def ready() -> None:
+        async def later() -> None:
+            await asyncio.sleep(0.7)
+            emit("ready", rss_kb=rss_kb())
+
+        asyncio.create_task(later())
+
+    await _procrastinate_run(spec, record, ready)
+    return {"started": started}
+
+
+async def procrastinate_latency_enqueue(spec: dict[str, Any]) -> dict[str, Any]:
+    """Defer one job at a time, `gap_s` apart, recording when each defer returned (committed)."""
+    app = _procrastinate_app(spec["url"])
+    task = app.tasks[QUEUE]
+    committed: dict[int, float] = {}
+    async with app.open_async():
+        for seq in range(spec["n"]):
+            await task.defer_async(seq=seq)
+            committed[seq] = time.time()
+            await asyncio.sleep(spec["gap_s"])
+    return {"committed": committed}
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def main(argv: list[str]) -> int:
+    """Run the action of the JSON spec in argv[1] and print its result line."""
+    spec = json.loads(argv[1])
+    function = globals().get(f"{spec['system']}_{spec['action']}")
+    if function is None:
+        emit("result", error=f"no driver for {spec['system']} {spec['action']}")
+        return 2
+    if spec["system"] == "outboxq":
+        import logging
+
+        logging.basicConfig(level=logging.WARNING)
+    result = function(spec)
+    if asyncio.iscoroutine(result):
+        try:
+            import uvloop
+
+            uvloop.install()
+        except ImportError:
+            pass
+        result = asyncio.run(result)
+    emit("result", **result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

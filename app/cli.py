@@ -1,0 +1,275 @@
+"""The `outboxq` command: migrate, serve, worker, demo, and the operator's commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from app.errors import OutboxqError, SchemaOutOfDate
+
+
+def _url() -> str:
+    from app.db import database_url
+
+    return database_url()
+
+
+def _current_url() -> str:
+    """The database URL, refusing to go on when its schema is not migrated to this version."""
+    from app.queue.migrate import ensure_current
+
+    url = _url()
+    ensure_current(url)
+    return url
+
+
+def _print(rows: list[dict[str, Any]], columns: Sequence[str], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(rows, default=str, indent=2))
+        return
+    if not rows:
+        print("(none)")
+        return
+    widths = {c: max(len(c), *(len(_cell(r.get(c))) for r in rows)) for c in columns}
+    print("  ".join(c.ljust(widths[c]) for c in columns))
+    print("  ".join("-" * widths[c] for c in columns))
+    for r in rows:
+        print("  ".join(_cell(r.get(c)).ljust(widths[c]) for c in columns))
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    text = str(value).replace("\n", " ")
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+# ---------------------------------------------------------------- commands
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    """Apply the migrations."""
+    from app.queue.migrate import upgrade
+
+    revision = upgrade(_url())
+    print(f"schema is at revision {revision}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Run the HTTP service."""
+    from app.api.server import serve
+    from app.settings import get_settings
+
+    _current_url()
+    settings = get_settings()
+    if args.host:
+        settings.host = args.host
+    if args.port:
+        settings.port = args.port
+    serve(settings)
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    """Run a worker for the consumers of the given handler modules until SIGTERM/SIGINT."""
+    from workers.registry import load_handler_modules
+    from workers.runner import Worker
+
+    url = _current_url()
+    consumers = load_handler_modules(args.handlers.split(","))
+    if args.queues:
+        wanted = set(args.queues.split(","))
+        consumers = [c for c in consumers if c.queue in wanted]
+    worker = Worker(consumers, url=url, concurrency=args.concurrency, batch_size=args.batch_size,
+                    poll_interval=args.poll_interval)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: worker.request_stop())
+    worker.run()
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Migrate, run example handlers on business transactions, and check the outcome."""
+    from app.demo import run_demo
+    from app.queue.migrate import upgrade
+
+    url = _url()
+    upgrade(url)
+    return run_demo(url, orders=args.orders)
+
+
+def cmd_queues(args: argparse.Namespace) -> int:
+    """A table of queues with their job counts per status."""
+    from app.db import connect
+    from app.queue import admin
+    from app.queue.jobs import JobStatus
+
+    with connect(_current_url()) as conn:
+        infos = admin.queue_counts(conn)
+    rows = [{"queue": i.queue, "paused": i.paused, **i.counts} for i in infos]
+    _print(rows, ["queue", "paused", *(s.value for s in JobStatus)], args.json)
+    return 0
+
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    """Pause or resume a queue."""
+    from app.db import connect
+    from app.queue import admin
+
+    with connect(_current_url()) as conn:
+        admin.set_paused(conn, args.queue, args.command == "pause")
+    print(f"queue {args.queue} {'paused' if args.command == 'pause' else 'resumed'}")
+    return 0
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    """Job operations: errors of a queue, retry, cancel, show."""
+    from app.db import connect
+    from app.queue import admin, get_job
+
+    with connect(_current_url()) as conn:
+        if args.jobs_command == "errors":
+            jobs = admin.list_errors(conn, args.queue, limit=args.limit)
+            _print([j.to_dict() for j in jobs], ["id", "status", "attempts", "max_attempts", "last_error"],
+                   args.json)
+            return 0
+        if args.jobs_command == "retry":
+            job = admin.retry_job(conn, args.id)
+        elif args.jobs_command == "cancel":
+            job = admin.cancel_job(conn, args.id)
+        else:
+            job = get_job(conn, args.id)
+            if job is None:
+                print(f"no job has id {args.id}", file=sys.stderr)
+                return 1
+        conn.commit()
+    out = job.to_dict()
+    print(json.dumps(out, default=str, indent=2) if args.json else
+          f"job {job.id} ({job.queue}): {job.status.value}, attempts {job.attempts}")
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    """Retry and processing-time statistics per queue."""
+    from app.db import connect
+    from app.queue import admin
+
+    with connect(_current_url()) as conn:
+        retries = admin.retry_stats(conn, age_days=args.age_days, queue=args.queue)
+        times = admin.processing_time_stats(conn, age_days=args.age_days, queue=args.queue)
+    if args.json:
+        print(json.dumps({"retries": retries, "processing_time": times}, default=str, indent=2))
+        return 0
+    print(f"retries (last {args.age_days} days)")
+    _print(retries, ["queue", "ok", "retries", "dead", "retry_percentage"], False)
+    print(f"\nprocessing time in ms (last {args.age_days} days)")
+    _print(times, ["queue", "jobs", "avg_ms", "min_ms", "p50_ms", "p90_ms", "p95_ms", "p99_ms", "max_ms"], False)
+    return 0
+
+
+def cmd_create_role(args: argparse.Namespace) -> int:
+    """Create the least-privilege role the API and workers should run as."""
+    from app.db import connect
+    from app.queue.roles import create_app_role
+
+    with connect(_current_url()) as conn:
+        create_app_role(conn, args.role, password=args.password)
+    print(f"role {args.role} created: it can read and write outboxq's rows, and change no schema")
+    return 0
+
+
+# ---------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser of every subcommand."""
+    parser = argparse.ArgumentParser(prog="outboxq", description=__doc__)
+    parser.add_argument("--log-level", default="INFO")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("migrate", help="apply the database migrations").set_defaults(func=cmd_migrate)
+
+    p = sub.add_parser("serve", help="run the HTTP service")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("worker", help="run a worker")
+    p.add_argument("--handlers", required=True, help="comma-separated modules whose @consumer handlers to run")
+    p.add_argument("--queues", help="only these queues (comma-separated)")
+    p.add_argument("--concurrency", type=int)
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--poll-interval", type=float)
+    p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser("demo", help="run the demo on the embedded (or configured) PostgreSQL")
+    p.add_argument("--orders", type=int, default=300)
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("queues", help="queues and their job counts")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_queues)
+
+    for name in ("pause", "resume"):
+        p = sub.add_parser(name, help=f"{name} a queue")
+        p.add_argument("queue")
+        p.set_defaults(func=cmd_pause)
+
+    p = sub.add_parser("jobs", help="job operations")
+    jobs_sub = p.add_subparsers(dest="jobs_command", required=True)
+    e = jobs_sub.add_parser("errors", help="retrying and dead jobs of a queue")
+    e.add_argument("queue")
+    e.add_argument("--limit", type=int, default=100)
+    e.add_argument("--json", action="store_true")
+    for name in ("retry", "cancel", "show"):
+        j = jobs_sub.add_parser(name, help=f"{name} a job")
+        j.add_argument("id", type=int)
+        j.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_jobs)
+
+    p = sub.add_parser("stats", help="retry and processing-time statistics")
+    p.add_argument("--age-days", type=float, default=1.0)
+    p.add_argument("--queue")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_stats)
+
+    p = sub.add_parser("create-role", help="create the least-privilege database role for API and workers")
+    p.add_argument("role")
+    p.add_argument("--password")
+    p.set_defaults(func=cmd_create_role)
+
+    for module in ("spark_jobs.cli", "app.bench", "app.chaos"):
+        try:
+            register = __import__(module, fromlist=["register"]).register
+        except (ImportError, AttributeError):
+            continue  # optional parts (the spark extra) may not be installed
+        register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `outboxq` console script."""
+    from app.logs import configure_logging
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    configure_logging(args.log_level)
+    try:
+        return int(args.func(args) or 0)
+    except SchemaOutOfDate as exc:
+        print(f"outboxq: {exc}", file=sys.stderr)
+        return 2
+    except OutboxqError as exc:
+        print(f"outboxq: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

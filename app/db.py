@@ -1,0 +1,74 @@
+"""Connections: resolve the database URL (or start the embedded PostgreSQL) and open psycopg / SQLAlchemy handles."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from app.settings import Settings, get_settings
+
+_resolved_url: str | None = None
+
+
+def database_url(settings: Settings | None = None) -> str:
+    """The postgresql:// URL to use: DATABASE_URL when set, else the embedded server (started on first use).
+
+    The URL is exported as DATABASE_URL so that child processes (workers started by `demo`, tests'
+    subprocesses) use the same server.
+    """
+    global _resolved_url
+    settings = settings or get_settings()
+    if settings.database_url:
+        return normalize_url(settings.database_url)
+    if _resolved_url is None:
+        from app.embedded import start_embedded
+
+        _resolved_url = start_embedded(settings.embedded_data_dir)
+        os.environ["DATABASE_URL"] = _resolved_url
+    return _resolved_url
+
+
+def normalize_url(url: str) -> str:
+    """A libpq URL (postgresql://...) from one that may carry a SQLAlchemy driver suffix."""
+    for prefix in ("postgresql+psycopg://", "postgresql+psycopg2://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql://" + url[len(prefix) :]
+    return url
+
+
+def sqlalchemy_url(url: str) -> str:
+    """The SQLAlchemy URL (psycopg 3 driver) for a libpq URL."""
+    return "postgresql+psycopg://" + normalize_url(url)[len("postgresql://") :]
+
+
+def connect(url: str | None = None, *, autocommit: bool = False, **kwargs: Any) -> psycopg.Connection:
+    """A new psycopg connection with dict rows."""
+    return psycopg.connect(url or database_url(), autocommit=autocommit, row_factory=dict_row, **kwargs)
+
+
+def create_engine(url: str | None = None, **kwargs: Any):
+    """A SQLAlchemy engine on the psycopg 3 driver."""
+    import sqlalchemy
+
+    return sqlalchemy.create_engine(sqlalchemy_url(url or database_url()), **kwargs)
+
+
+def url_with_database(url: str, name: str) -> str:
+    """The same server URL pointing at database `name`."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(normalize_url(url))
+    return urlunsplit(parts._replace(path="/" + name))
+
+
+def url_with_user(url: str, user: str, password: str | None = None) -> str:
+    """The same server and database, logging in as `user`."""
+    from urllib.parse import quote, urlsplit, urlunsplit
+
+    parts = urlsplit(normalize_url(url))
+    host = parts.netloc.rsplit("@", 1)[-1]
+    credentials = quote(user, safe="") + (":" + quote(password, safe="") if password else "")
+    return urlunsplit(parts._replace(netloc=f"{credentials}@{host}"))

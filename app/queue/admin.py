@@ -1,0 +1,196 @@
+"""Operations on jobs and queues, used by the CLI and the HTTP API: errors, retry, cancel, pause, stats, health."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from psycopg.rows import dict_row
+
+from app.errors import InvalidTransition, JobNotFound
+from app.queue import sql
+from app.queue.enqueue import get_job, psycopg_connection, validate_queue_name
+from app.queue.jobs import Job, JobStatus
+
+
+def _rows(conn: Any, statement: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    with psycopg_connection(conn).cursor(row_factory=dict_row) as cur:
+        cur.execute(statement, params)
+        return cur.fetchall() if cur.description else []
+
+
+def list_errors(conn: Any, queue: str, *, limit: int = 100) -> list[Job]:
+    """Jobs of `queue` in `retrying` or `dead`, with their last error, oldest first."""
+    validate_queue_name(queue)
+    return [Job.from_row(r) for r in _rows(conn, sql.queue_list_errors, {"queue": queue, "limit": limit})]
+
+
+def error_history(conn: Any, job_id: int) -> list[dict[str, Any]]:
+    """Every failed attempt of a job: attempt, error, traceback, failed_at."""
+    return _rows(conn, sql.job_error_history, {"id": job_id})
+
+
+def retry_job(conn: Any, job_id: int) -> Job:
+    """Run a retrying, dead or cancelled job again now, whatever its attempts."""
+    if not _rows(conn, sql.job_retry_now, {"id": job_id}):
+        job = get_job(conn, job_id)
+        if job is None:
+            raise JobNotFound(job_id)
+        raise InvalidTransition(
+            f"job {job_id} is {job.status.value}; only retrying, dead or cancelled jobs can be retried"
+        )
+    job = get_job(conn, job_id)
+    assert job is not None
+    return job
+
+
+def retry_queue(conn: Any, queue: str) -> int:
+    """Run every retrying and dead job of `queue` again now; returns how many."""
+    validate_queue_name(queue)
+    rows = _rows(conn, sql.queue_retry_all_now, {"queue": queue})
+    return int(rows[0]["retried"]) if rows else 0
+
+
+def cancel_job(conn: Any, job_id: int) -> Job:
+    """Cancel a queued, waiting or retrying job; ask a running one to stop (its handler sees ctx.cancelled)."""
+    if not _rows(conn, sql.job_cancel, {"id": job_id}):
+        job = get_job(conn, job_id)
+        if job is None:
+            raise JobNotFound(job_id)
+        raise InvalidTransition(f"job {job_id} is {job.status.value} and can no longer be cancelled")
+    job = get_job(conn, job_id)
+    assert job is not None
+    return job
+
+
+def set_paused(conn: Any, queue: str, paused: bool) -> None:
+    """Pause (workers stop claiming from it) or resume a queue; the state is stored, so it survives restarts."""
+    validate_queue_name(queue)
+    _rows(conn, sql.queue_set_paused, {"queue": queue, "paused": paused})
+
+
+def pause_queue(conn: Any, queue: str) -> None:
+    """Pause a queue."""
+    set_paused(conn, queue, True)
+
+
+def resume_queue(conn: Any, queue: str) -> None:
+    """Resume a paused queue."""
+    set_paused(conn, queue, False)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueInfo:
+    """A queue's job counts per status, and whether it is paused or failing."""
+
+    queue: str
+    paused: bool
+    failing_since: datetime | None
+    counts: dict[str, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able values."""
+        return {
+            "queue": self.queue,
+            "paused": self.paused,
+            "failing_since": self.failing_since.isoformat() if self.failing_since else None,
+            "counts": self.counts,
+        }
+
+
+def queue_counts(conn: Any) -> list[QueueInfo]:
+    """Every known queue with its counts per status (every status present, zero when none)."""
+    out = []
+    for r in _rows(conn, sql.queue_counts, {}):
+        counts = {s.value: 0 for s in JobStatus}
+        counts.update({k: int(v) for k, v in (r["counts"] or {}).items()})
+        out.append(QueueInfo(r["queue"], r["paused"], r["failing_since"], counts))
+    return out
+
+
+def _since(age_days: float, now: datetime | None) -> datetime:
+    return (now or datetime.now(UTC)) - timedelta(days=age_days)
+
+
+def retry_stats(conn: Any, *, age_days: float = 1.0, queue: str | None = None,
+                now: datetime | None = None) -> list[dict[str, Any]]:
+    """Per queue, over jobs finished in the last `age_days`: ok, retries, dead, and the retry percentage."""
+    if queue is not None:
+        validate_queue_name(queue)
+    rows = _rows(conn, sql.stats_retries, {"since": _since(age_days, now), "queue": queue})
+    for r in rows:
+        attempts = int(r["ok"]) + int(r["dead"]) + int(r["retries"])
+        r["retry_percentage"] = round(100.0 * int(r["retries"]) / attempts, 2) if attempts else 0.0
+    return rows
+
+
+def processing_time_stats(conn: Any, *, age_days: float = 1.0, queue: str | None = None,
+                          now: datetime | None = None) -> list[dict[str, Any]]:
+    """Per queue: avg, min, max, p50, p90, p95, p99 of the successful attempts' processing time, in ms."""
+    if queue is not None:
+        validate_queue_name(queue)
+    rows = _rows(conn, sql.stats_processing_time, {"since": _since(age_days, now), "queue": queue})
+    return [{k: (float(v) if k.endswith("_ms") and v is not None else v) for k, v in r.items()} for r in rows]
+
+
+@dataclass
+class HealthMonitor:
+    """Queue health: unhealthy when a queue has been in error longer than the allowed time.
+
+    Within `startup_grace_s` of start-up the system is reported healthy (a restart after an outage is not
+    itself an alarm). `on_error` and `on_recovered` are called when the whole system goes into and out of
+    error.
+    """
+
+    healthy_allowed_error_time_s: float = 15 * 60.0
+    startup_grace_s: float = 60.0
+    on_error: Callable[[dict[str, Any]], None] | None = None
+    on_recovered: Callable[[dict[str, Any]], None] | None = None
+    started_at: float = field(default_factory=time.monotonic)
+    _was_healthy: bool = True
+
+    def check(self, conn: Any, *, now: datetime | None = None, monotonic_now: float | None = None) -> dict[str, Any]:
+        """{"healthy": bool, "queues_in_error": [{"queue", "failing_since", "consecutive_failures"}]}."""
+        now = now or datetime.now(UTC)
+        in_grace = ((monotonic_now or time.monotonic()) - self.started_at) < self.startup_grace_s
+        failing = _rows(conn, sql.queue_failing, {})
+        too_long = [
+            r for r in failing
+            if (now - r["failing_since"]).total_seconds() > self.healthy_allowed_error_time_s
+        ]
+        report = {
+            "healthy": in_grace or not too_long,
+            "in_startup_grace": in_grace,
+            "queues_in_error": [
+                {"queue": r["queue"], "failing_since": r["failing_since"].isoformat(),
+                 "consecutive_failures": r["consecutive_failures"]}
+                for r in (too_long if not in_grace else [])
+            ],
+        }
+        if self._was_healthy and not report["healthy"] and self.on_error:
+            self.on_error(report)
+        if not self._was_healthy and report["healthy"] and self.on_recovered:
+            self.on_recovered(report)
+        self._was_healthy = report["healthy"]
+        return report
+
+
+def throughput(conn: Any, *, minutes: int = 60, queue: str | None = None,
+               now: datetime | None = None) -> list[dict[str, Any]]:
+    """Per minute over the last `minutes`: jobs done and attempts failed (every minute present)."""
+    if queue is not None:
+        validate_queue_name(queue)
+    rows = _rows(conn, sql.stats_throughput,
+                 {"now": now or datetime.now(UTC), "minutes": minutes, "queue": queue})
+    return [{"minute": r["minute"].isoformat(), "done": int(r["done"]), "failed": int(r["failed"])} for r in rows]
+
+
+def job_dependencies(conn: Any, job_id: int) -> dict[str, list[dict[str, Any]]]:
+    """{"depends_on": [...], "dependents": [...]}: id, queue, key, status of each related job."""
+    out: dict[str, list[dict[str, Any]]] = {"depends_on": [], "dependents": []}
+    for r in _rows(conn, sql.job_dependencies_of, {"id": job_id}):
+        out[r.pop("direction")].append(r)
+    return out

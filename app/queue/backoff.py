@@ -1,0 +1,31 @@
+"""The pure retry policy: when a failed attempt runs again, and when a job is dead."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Exponential backoff with jitter, capped at backoff_max; max_attempts 0 means retry forever."""
+
+    max_attempts: int = 25
+    backoff_base: float = 5.0
+    backoff_max: float = 3600.0
+    jitter: float = 0.25  # fraction of the delay drawn at random, so failed jobs do not retry in lockstep
+
+    def is_exhausted(self, attempts: int, max_attempts: int | None = None) -> bool:
+        """True when a job that has made `attempts` attempts may not run again."""
+        limit = self.max_attempts if max_attempts is None else max_attempts
+        return limit != 0 and attempts >= limit
+
+    def delay(self, attempts: int, rng: random.Random | None = None) -> float:
+        """Seconds to wait before the next attempt, after `attempts` attempts (1-based)."""
+        exponent = max(attempts - 1, 0)
+        raw = self.backoff_base * (2.0 ** min(exponent, 62))
+        capped = min(raw, self.backoff_max)
+        if self.jitter <= 0:
+            return capped
+        spread = capped * self.jitter
+        return min(self.backoff_max, max(0.0, capped - spread + (rng or random).random() * 2 * spread))

@@ -1,0 +1,67 @@
+"""Context propagation: context variables named in settings are captured at enqueue and restored around the handler."""
+
+from __future__ import annotations
+
+import contextvars
+import importlib
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+_UNSET = object()
+_resolved: tuple[tuple[str, contextvars.ContextVar], ...] | None = None
+
+
+def configure(names: list[str] | None = None) -> None:
+    """Resolve the "module:attribute" names of the ContextVars to capture (settings.context_vars by default)."""
+    global _resolved
+    if names is None:
+        from app.settings import get_settings
+
+        names = get_settings().context_vars
+    resolved = []
+    for name in names:
+        module_name, _, attribute = name.partition(":")
+        var = getattr(importlib.import_module(module_name), attribute)
+        if not isinstance(var, contextvars.ContextVar):
+            raise TypeError(f"{name} is not a contextvars.ContextVar")
+        resolved.append((name, var))
+    _resolved = tuple(resolved)
+
+
+def _variables() -> tuple[tuple[str, contextvars.ContextVar], ...]:
+    if _resolved is None:
+        configure()
+    assert _resolved is not None
+    return _resolved
+
+
+def capture() -> str | None:
+    """The set values of the configured context variables, as JSON text (None when there are none)."""
+    variables = _variables()
+    if not variables:
+        return None
+    values = {}
+    for name, var in variables:
+        value = var.get(_UNSET)
+        if value is not _UNSET:
+            values[name] = value
+    return json.dumps(values, default=str) if values else None
+
+
+@contextmanager
+def restored(values: dict[str, Any] | None) -> Iterator[None]:
+    """Set the captured variables for the duration of the block (in the current context)."""
+    tokens = []
+    if values:
+        by_name = dict(_variables())
+        for name, value in values.items():
+            var = by_name.get(name)
+            if var is not None:
+                tokens.append((var, var.set(value)))
+    try:
+        yield
+    finally:
+        for var, token in reversed(tokens):
+            var.reset(token)

@@ -1,0 +1,315 @@
+"""enqueue / enqueue_many: write jobs inside the caller's transaction (the transactional outbox).
+
+Nothing here commits. The caller's transaction decides: committed, the job exists and a worker will run
+it; rolled back, it never existed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from app.errors import DuplicateJob, InvalidInput, InvalidPayload, UnknownDependency
+from app.queue import context as job_context
+from app.queue import sql
+from app.queue.jobs import Job, JobStatus
+
+QUEUE_NAME_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+MAX_KEY_LENGTH = 255
+PRIORITY_RANGE = (-32768, 32767)
+
+
+class PayloadHooks:
+    """What a consumer registered in this process says about its queue's payloads."""
+
+    __slots__ = ("encode", "valid_payload", "depends_on")
+
+    def __init__(
+        self,
+        encode: Callable[[Any], bytes | str] | None = None,
+        valid_payload: Callable[[Any], bool] | None = None,
+        depends_on: Callable[[Any], Iterable[Sequence[str]]] | None = None,
+    ):
+        self.encode = encode
+        self.valid_payload = valid_payload
+        self.depends_on = depends_on
+
+
+_payload_hooks: dict[str, PayloadHooks] = {}
+
+
+def register_payload_hooks(queue: str, hooks: PayloadHooks) -> None:
+    """Called by workers.registry: enqueue to `queue` validates and encodes payloads with these hooks."""
+    _payload_hooks[queue] = hooks
+
+
+def unregister_payload_hooks(queue: str) -> None:
+    """Forget the hooks of `queue` (tests re-register consumers)."""
+    _payload_hooks.pop(queue, None)
+
+
+def validate_queue_name(queue: Any) -> str:
+    """The queue name, or InvalidInput saying what a valid one looks like."""
+    if not isinstance(queue, str) or not QUEUE_NAME_PATTERN.fullmatch(queue):
+        raise InvalidInput(
+            f"invalid queue name {queue!r}: use 1 to 128 characters from A-Z a-z 0-9 _ . : -"
+        )
+    return queue
+
+
+def validate_key(key: Any) -> str | None:
+    """The job key (or None), or InvalidInput."""
+    if key is None:
+        return None
+    if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH or "\x00" in key:
+        raise InvalidInput(f"invalid key {key!r}: use a non-empty string of at most {MAX_KEY_LENGTH} characters")
+    return key
+
+
+def _validate_options(
+    run_at: datetime | None, delay: float | None, priority: int, max_attempts: int | None
+) -> float:
+    if run_at is not None and delay is not None:
+        raise InvalidInput("give either run_at or delay, not both")
+    if run_at is not None and (not isinstance(run_at, datetime) or run_at.tzinfo is None):
+        raise InvalidInput("run_at must be a timezone-aware datetime (for example datetime.now(timezone.utc))")
+    if delay is not None and (isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0):
+        raise InvalidInput(f"delay must be a number of seconds >= 0, not {delay!r}")
+    if isinstance(priority, bool) or not isinstance(priority, int) or not (
+        PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]
+    ):
+        raise InvalidInput(f"priority must be an integer from {PRIORITY_RANGE[0]} to {PRIORITY_RANGE[1]}")
+    if max_attempts is not None and (
+        isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 0
+    ):
+        raise InvalidInput("max_attempts must be an integer >= 0 (0 means retry forever)")
+    return float(delay or 0.0)
+
+
+def encode_payload(queue: str, payload: Any) -> tuple[str | None, bytes | None]:
+    """(json text, None) with the default JSON codec, or (None, bytes) with the queue's own codec."""
+    hooks = _payload_hooks.get(queue)
+    if hooks is not None and hooks.valid_payload is not None and not hooks.valid_payload(payload):
+        raise InvalidPayload(f"payload rejected by the valid_payload check of queue {queue!r}: {payload!r:.200}")
+    if hooks is not None and hooks.encode is not None:
+        encoded = hooks.encode(payload)
+        return None, encoded.encode() if isinstance(encoded, str) else bytes(encoded)
+    try:
+        return json.dumps(payload, separators=(",", ":"), allow_nan=False), None
+    except (TypeError, ValueError) as exc:
+        raise InvalidPayload(f"payload is not JSON ({exc}); pass JSON values or register a codec") from exc
+
+
+def psycopg_connection(conn: Any) -> psycopg.Connection:
+    """The psycopg connection behind a psycopg Connection, a SQLAlchemy Connection or a SQLAlchemy Session.
+
+    Statements run on it belong to the caller's current transaction.
+    """
+    if isinstance(conn, psycopg.Connection):
+        return conn
+    try:
+        from sqlalchemy.engine import Connection as SAConnection
+        from sqlalchemy.orm import Session
+    except ImportError:  # pragma: no cover - SQLAlchemy is a dependency
+        SAConnection = Session = ()  # type: ignore[assignment,misc]
+    if isinstance(conn, Session):
+        conn = conn.connection()  # begins the session's transaction if it has none
+    if isinstance(conn, SAConnection):
+        driver = conn.connection.driver_connection
+        if isinstance(driver, psycopg.Connection):
+            return driver
+        raise InvalidInput(
+            "the SQLAlchemy engine must use the psycopg 3 driver (a postgresql+psycopg:// URL), "
+            f"not {type(driver).__module__}"
+        )
+    raise InvalidInput(
+        f"conn must be a psycopg Connection, a SQLAlchemy Connection or Session, not {type(conn).__name__}"
+    )
+
+
+def _resolve_dependencies(
+    cur: psycopg.Cursor, depends_on: Iterable[Sequence[str]]
+) -> tuple[list[int], JobStatus, str | None]:
+    wanted: list[tuple[str, str]] = []
+    for pair in depends_on:
+        if isinstance(pair, dict):
+            pair = (pair.get("queue"), pair.get("key"))
+        if not isinstance(pair, list | tuple) or len(pair) != 2:
+            raise InvalidInput(f"each depends_on entry must be a (queue, key) pair, not {pair!r}")
+        wanted.append((validate_queue_name(pair[0]), validate_key(pair[1]) or ""))
+    wanted = list(dict.fromkeys(wanted))
+    if not wanted:
+        return [], JobStatus.QUEUED, None
+    cur.execute(sql.job_find_by_keys, {"queues": [q for q, _ in wanted], "keys": [k for _, k in wanted]})
+    found = {(r["queue"], r["key"]): r for r in cur.fetchall()}
+    missing = [pair for pair in wanted if pair not in found]
+    if missing:
+        raise UnknownDependency(missing)
+    rows = [found[pair] for pair in wanted]
+    ids = [r["id"] for r in rows]
+    if all(r["status"] == JobStatus.DONE.value for r in rows):
+        return ids, JobStatus.QUEUED, None
+    blocked = [r for r in rows if r["status"] in (JobStatus.DEAD.value, JobStatus.CANCELLED.value)]
+    reason = "; ".join(
+        f"dependency {r['id']} (queue {r['queue']}, key {r['key']}) is {r['status']}" for r in blocked
+    )
+    return ids, JobStatus.WAITING, reason or None
+
+
+def enqueue(
+    conn: Any,
+    queue: str,
+    payload: Any,
+    *,
+    key: str | None = None,
+    depends_on: Iterable[Sequence[str]] = (),
+    run_at: datetime | None = None,
+    delay: float | None = None,
+    priority: int = 0,
+    max_attempts: int | None = None,
+) -> Job:
+    """Write one job in the caller's transaction and return it; nothing is committed here.
+
+    Raises DuplicateJob when (queue, key) exists, UnknownDependency when a depends_on pair has no job
+    (before anything is written), InvalidInput / InvalidPayload for arguments to fix.
+    """
+    validate_queue_name(queue)
+    validate_key(key)
+    delay_s = _validate_options(run_at, delay, priority, max_attempts)
+    payload_json, payload_bytes = encode_payload(queue, payload)
+    hooks = _payload_hooks.get(queue)
+    if hooks is not None and hooks.depends_on is not None:
+        depends_on = [*depends_on, *hooks.depends_on(payload)]
+    context = job_context.capture()
+    pg = psycopg_connection(conn)
+    with pg.cursor(row_factory=dict_row) as cur:
+        dependency_ids, status, waiting_reason = _resolve_dependencies(cur, depends_on)
+        cur.execute(
+            sql.job_insert,
+            {
+                "queue": queue,
+                "key": key,
+                "status": status.value,
+                "payload": payload_json,
+                "payload_bytes": payload_bytes,
+                "priority": priority,
+                "run_at": run_at,
+                "delay": delay_s,
+                "max_attempts": max_attempts,
+                "context": context,
+                "waiting_reason": waiting_reason,
+            },
+        )
+        row = cur.fetchone()
+        if row is None:
+            raise DuplicateJob(queue, key or "")
+        if dependency_ids:
+            cur.execute(sql.job_dependencies_insert, {"job_id": row["id"], "depends_on_ids": dependency_ids})
+    return Job(
+        id=row["id"],
+        queue=queue,
+        key=key,
+        status=JobStatus(row["status"]),
+        payload=payload,
+        priority=priority,
+        run_at=row["run_at"],
+        max_attempts=max_attempts,
+        waiting_reason=waiting_reason,
+        context=json.loads(context) if context else None,
+        created_at=row["created_at"],
+    )
+
+
+def enqueue_many(
+    conn: Any,
+    queue: str,
+    payloads: Iterable[Any],
+    *,
+    keys: Sequence[str | None] | None = None,
+    run_at: datetime | None = None,
+    delay: float | None = None,
+    priority: int = 0,
+    max_attempts: int | None = None,
+) -> list[Job]:
+    """Write many jobs of one queue in one statement, in the caller's transaction; all or none.
+
+    `keys`, when given, has one key (or None) per payload.
+    """
+    validate_queue_name(queue)
+    delay_s = _validate_options(run_at, delay, priority, max_attempts)
+    payloads = list(payloads)
+    if keys is None:
+        key_list: list[str | None] = [None] * len(payloads)
+    else:
+        key_list = [validate_key(k) for k in keys]
+        if len(key_list) != len(payloads):
+            raise InvalidInput(f"keys has {len(key_list)} entries for {len(payloads)} payloads")
+        seen: set[str] = set()
+        for k in key_list:
+            if k is not None:
+                if k in seen:
+                    raise DuplicateJob(queue, k)
+                seen.add(k)
+    if not payloads:
+        return []
+    encoded = [encode_payload(queue, p) for p in payloads]
+    context = job_context.capture()
+    pg = psycopg_connection(conn)
+    with pg.cursor(row_factory=dict_row) as cur:
+        cur.execute(
+            sql.job_insert_many,
+            {
+                "queue": queue,
+                "keys": key_list,
+                "payloads": [e[0] for e in encoded],
+                "payloads_bytes": [e[1] for e in encoded],
+                "priority": priority,
+                "run_at": run_at,
+                "delay": delay_s,
+                "max_attempts": max_attempts,
+                "context": context,
+            },
+        )
+        rows = cur.fetchall()
+        if len(rows) != len(payloads):
+            # A key already existed: undo this call's rows so the caller's transaction stays whole.
+            inserted_keys = {r["key"] for r in rows}
+            duplicate = next(k for k in key_list if k is not None and k not in inserted_keys)
+            cur.execute(sql.job_delete_by_ids, {"ids": [r["id"] for r in rows]})
+            raise DuplicateJob(queue, duplicate)
+    context_value = json.loads(context) if context else None
+    return [
+        Job(
+            id=row["id"],
+            queue=queue,
+            key=row["key"],
+            status=JobStatus(row["status"]),
+            payload=payload,
+            priority=priority,
+            run_at=row["run_at"],
+            max_attempts=max_attempts,
+            context=context_value,
+            created_at=row["created_at"],
+        )
+        for row, payload in zip(rows, payloads, strict=True)
+    ]
+
+
+def get_job(conn: Any, job_id: int) -> Job | None:
+    """The job with this id (from any of the accepted connection types), or None."""
+    pg = psycopg_connection(conn)
+    with pg.cursor(row_factory=dict_row) as cur:
+        cur.execute(sql.job_get, {"id": job_id})
+        row = cur.fetchone()
+    if row is None:
+        return None
+    row = dict(row)
+    if row.get("payload") is None and row.get("payload_bytes") is not None:
+        row["payload"] = bytes(row["payload_bytes"])
+    return Job.from_row(row)

@@ -1,0 +1,91 @@
+"""Idempotency keys: a retried write with the same key and body gets the first response, nothing new written.
+
+The key row is written in the same transaction as the write it protects, so either both exist or neither.
+Concurrent requests with the same key are serialized with a transaction-level advisory lock: the second
+waits for the first to commit, then finds its stored response.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from app.errors import InvalidInput, OutboxqError
+from app.queue.enqueue import psycopg_connection
+
+# Statements on outboxq_idempotency_keys (kept here: no job statement lives in this module).
+idempotency_lock = "SELECT pg_advisory_xact_lock(hashtextextended(%(scope)s || E'\\n' || %(key)s, 7001))"
+idempotency_get = """
+SELECT request_hash, response_status, response_body
+FROM outboxq_idempotency_keys WHERE scope = %(scope)s AND key = %(key)s
+"""
+idempotency_insert = """
+INSERT INTO outboxq_idempotency_keys (scope, key, request_hash, response_status, response_body)
+VALUES (%(scope)s, %(key)s, %(request_hash)s, %(response_status)s, %(response_body)s)
+"""
+
+MAX_KEY_LENGTH = 255
+
+
+class IdempotencyKeyReused(OutboxqError):
+    """The Idempotency-Key was already used for a request with another body."""
+
+    code = "idempotency_key_reused"
+
+
+@dataclass(frozen=True, slots=True)
+class StoredResponse:
+    """The response recorded for the first request with a key."""
+
+    status: int
+    body: Any
+
+
+def validate_idempotency_key(key: str) -> str:
+    """The key, or InvalidInput saying what a valid one looks like."""
+    if not key or len(key) > MAX_KEY_LENGTH or not key.isprintable():
+        raise InvalidInput(
+            f"invalid Idempotency-Key: use 1 to {MAX_KEY_LENGTH} printable characters (a UUID is a good choice)"
+        )
+    return key
+
+
+def request_hash(body: Any) -> str:
+    """A stable hash of a request body (key order does not matter)."""
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def begin(conn: Any, scope: str, key: str, body_hash: str) -> StoredResponse | None:
+    """Lock the key for this transaction; the stored response when it was used with the same body.
+
+    Raises IdempotencyKeyReused when the key was used with another body.
+    """
+    validate_idempotency_key(key)
+    with psycopg_connection(conn).cursor(row_factory=dict_row) as cur:
+        cur.execute(idempotency_lock, {"scope": scope, "key": key})
+        cur.execute(idempotency_get, {"scope": scope, "key": key})
+        row = cur.fetchone()
+    if row is None:
+        return None
+    if row["request_hash"] != body_hash:
+        raise IdempotencyKeyReused(
+            f"Idempotency-Key {key!r} was already used with a different request body; "
+            "use a new key for a new request"
+        )
+    return StoredResponse(row["response_status"], row["response_body"])
+
+
+def record(conn: Any, scope: str, key: str, body_hash: str, status: int, body: Any) -> None:
+    """Store the response of the first request with this key, in the caller's transaction."""
+    with psycopg_connection(conn).cursor() as cur:
+        cur.execute(
+            idempotency_insert,
+            {"scope": scope, "key": key, "request_hash": body_hash, "response_status": status,
+             "response_body": Jsonb(body)},
+        )

@@ -1,0 +1,79 @@
+"""Job, JobStatus and the table of allowed status transitions."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import Any
+
+
+class JobStatus(enum.StrEnum):
+    """The statuses a job can be in, with the same names in the database and the APIs."""
+
+    WAITING = "waiting"  # its dependencies are not done
+    QUEUED = "queued"  # ready now, or at run_at
+    RUNNING = "running"  # a worker holds its lease
+    RETRYING = "retrying"  # a failed attempt waiting for its backoff
+    DONE = "done"
+    DEAD = "dead"  # attempts exhausted
+    CANCELLED = "cancelled"
+
+
+FINISHED_STATUSES = frozenset({JobStatus.DONE, JobStatus.DEAD, JobStatus.CANCELLED})
+
+# Every status change the system makes, and what makes it. Tests check the runtime against this table.
+ALLOWED_TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
+    JobStatus.WAITING: frozenset({JobStatus.QUEUED, JobStatus.CANCELLED}),  # dependencies done / cancel
+    JobStatus.QUEUED: frozenset({JobStatus.RUNNING, JobStatus.CANCELLED}),  # claim / cancel
+    JobStatus.RUNNING: frozenset(
+        {JobStatus.DONE, JobStatus.RETRYING, JobStatus.DEAD, JobStatus.CANCELLED}
+    ),  # complete / fail or rescue / cancel honoured by the handler
+    JobStatus.RETRYING: frozenset({JobStatus.RUNNING, JobStatus.QUEUED, JobStatus.CANCELLED}),
+    JobStatus.DONE: frozenset({JobStatus.QUEUED}),  # admin re-run (testing helpers)
+    JobStatus.DEAD: frozenset({JobStatus.QUEUED}),  # admin retry
+    JobStatus.CANCELLED: frozenset({JobStatus.QUEUED}),  # admin retry
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A job as stored: what `enqueue`, `get_job` and the admin operations return."""
+
+    id: int
+    queue: str
+    key: str | None = None
+    status: JobStatus = JobStatus.QUEUED
+    payload: Any = None
+    priority: int = 0
+    run_at: datetime | None = None
+    attempts: int = 0
+    max_attempts: int | None = None
+    last_error: str | None = None
+    last_traceback: str | None = None
+    waiting_reason: str | None = None
+    cancel_requested: bool = False
+    context: dict | None = None
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Job:
+        """A Job from a database row (a dict); unknown columns are ignored."""
+        values = {f.name: row[f.name] for f in fields(cls) if f.name in row}
+        if "status" in values:
+            values["status"] = JobStatus(values["status"])
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The job as plain JSON-able values."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, JobStatus):
+                value = value.value
+            elif isinstance(value, datetime):
+                value = value.isoformat()
+            out[f.name] = value
+        return out

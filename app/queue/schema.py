@@ -1,0 +1,220 @@
+"""SQLAlchemy Core tables: the one source of outboxq's schema (alembic's migrations are checked against it)."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    DateTime,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    Numeric,
+    PrimaryKeyConstraint,
+    SmallInteger,
+    Table,
+    Text,
+    UniqueConstraint,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+
+metadata = MetaData()
+
+JOB_STATUSES = ("waiting", "queued", "running", "retrying", "done", "dead", "cancelled")
+_status_list = ", ".join(f"'{s}'" for s in JOB_STATUSES)
+
+jobs = Table(
+    "outboxq_jobs",
+    metadata,
+    Column("id", BigInteger, Identity(always=False), primary_key=True),
+    Column("queue", Text, nullable=False),
+    Column("key", Text),
+    Column("status", Text, nullable=False, server_default=text("'queued'")),
+    # JSON payloads live in `payload`; a consumer with a custom codec stores its bytes in `payload_bytes`.
+    Column("payload", JSONB),
+    Column("payload_bytes", LargeBinary),
+    Column("priority", SmallInteger, nullable=False, server_default=text("0")),
+    Column("run_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    # NULL until the first claim, which fills in the consumer's (or the settings') default.
+    Column("max_attempts", Integer),
+    Column("lease_token", UUID(as_uuid=True)),
+    Column("lease_expires_at", DateTime(timezone=True)),
+    Column("worker_id", Text),
+    Column("last_error", Text),
+    Column("last_traceback", Text),
+    Column("waiting_reason", Text),
+    Column("cancel_requested", Boolean, nullable=False, server_default=text("false")),
+    Column("context", JSONB),
+    # The id of the transaction that enqueued the job: what makes listing markers commit-safe.
+    Column("created_xid", BigInteger, nullable=False,
+           server_default=text("(pg_current_xact_id())::text::bigint")),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("started_at", DateTime(timezone=True)),  # first attempt
+    Column("attempt_started_at", DateTime(timezone=True)),  # latest attempt: processing time starts here
+    Column("finished_at", DateTime(timezone=True)),
+    CheckConstraint(f"status IN ({_status_list})", name="outboxq_jobs_status_check"),
+    CheckConstraint("max_attempts IS NULL OR max_attempts >= 0", name="outboxq_jobs_max_attempts_check"),
+)
+
+# The claim index matches the claim query exactly: only claimable rows, in claim order.
+Index(
+    "outboxq_jobs_claim_idx",
+    jobs.c.queue, jobs.c.priority, jobs.c.run_at, jobs.c.id,
+    postgresql_where=text("status = 'queued'"),
+)
+Index(
+    "outboxq_jobs_retry_idx",
+    jobs.c.queue, jobs.c.run_at, jobs.c.id,
+    postgresql_where=text("status = 'retrying'"),
+)
+Index(
+    "outboxq_jobs_lease_idx",
+    jobs.c.lease_expires_at,
+    postgresql_where=text("status = 'running'"),
+)
+Index(
+    "outboxq_jobs_key_idx", jobs.c.queue, jobs.c.key, unique=True,
+    postgresql_where=text("key IS NOT NULL"),
+)
+# The listing feed (app/queue/feed.py) pages in (created_xid, id) order within a queue.
+Index("outboxq_jobs_feed_idx", jobs.c.queue, jobs.c.created_xid, jobs.c.id)
+Index(
+    "outboxq_jobs_finished_idx", jobs.c.finished_at,
+    postgresql_where=text("status IN ('done', 'dead', 'cancelled')"),
+)
+Index(
+    "outboxq_jobs_waiting_idx", jobs.c.queue,
+    postgresql_where=text("status = 'waiting'"),
+)
+
+job_errors = Table(
+    "outboxq_job_errors",
+    metadata,
+    Column("id", BigInteger, Identity(always=False), primary_key=True),
+    Column("job_id", BigInteger, ForeignKey("outboxq_jobs.id", ondelete="CASCADE"), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("error", Text, nullable=False),
+    Column("traceback", Text),
+    Column("failed_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+Index("outboxq_job_errors_job_idx", job_errors.c.job_id)
+
+job_dependencies = Table(
+    "outboxq_job_dependencies",
+    metadata,
+    Column("job_id", BigInteger, ForeignKey("outboxq_jobs.id", ondelete="CASCADE"), nullable=False),
+    # No foreign key: a finished dependency may be pruned before (or after) its dependent.
+    Column("depends_on_id", BigInteger, nullable=False),
+    PrimaryKeyConstraint("job_id", "depends_on_id", name="outboxq_job_dependencies_pkey"),
+)
+Index("outboxq_job_dependencies_depends_on_idx", job_dependencies.c.depends_on_id)
+
+queues = Table(
+    "outboxq_queues",
+    metadata,
+    Column("queue", Text, primary_key=True),
+    Column("paused", Boolean, nullable=False, server_default=text("false")),
+    Column("paused_at", DateTime(timezone=True)),
+    # Set at a queue's first failure after a success, cleared by its next success: the queue is in error.
+    Column("failing_since", DateTime(timezone=True)),
+    Column("consecutive_failures", Integer, nullable=False, server_default=text("0")),
+    Column("last_success_at", DateTime(timezone=True)),
+)
+
+idempotency_keys = Table(
+    "outboxq_idempotency_keys",
+    metadata,
+    Column("key", Text, nullable=False),
+    Column("scope", Text, nullable=False),
+    Column("request_hash", Text, nullable=False),
+    Column("response_status", Integer, nullable=False),
+    Column("response_body", JSONB, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    PrimaryKeyConstraint("scope", "key", name="outboxq_idempotency_keys_pkey"),
+)
+
+# The business table of the outbox example endpoint (POST /v1/orders).
+orders = Table(
+    "orders",
+    metadata,
+    Column("id", BigInteger, Identity(always=False), primary_key=True),
+    Column("customer", Text, nullable=False),
+    Column("amount", Numeric(12, 2), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint("amount >= 0", name="orders_amount_check"),
+)
+
+# Spark consumers (Cues-style exactly-once): one row per processor, its fencing epoch.
+spark_processors = Table(
+    "outboxq_spark_processors",
+    metadata,
+    Column("processor_id", Text, primary_key=True),
+    Column("epoch", BigInteger, nullable=False, server_default=text("0")),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+spark_snapshots = Table(
+    "outboxq_spark_snapshots",
+    metadata,
+    Column("id", BigInteger, Identity(always=False), primary_key=True),
+    Column("processor_id", Text, nullable=False),
+    Column("queue", Text, nullable=False),
+    Column("epoch", BigInteger, nullable=False),
+    Column("job_ids", JSONB, nullable=False),
+    Column("lease_token", UUID(as_uuid=True), nullable=False),
+    Column("delivery_hash", Text, nullable=False),
+    Column("output_table", Text, nullable=False),
+    Column("state", Text, nullable=False, server_default=text("'claimed'")),
+    Column("rows_written", Integer),
+    Column("error", Text),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("delivered_at", DateTime(timezone=True)),
+    UniqueConstraint("delivery_hash", name="outboxq_spark_snapshots_delivery_hash_key"),
+    CheckConstraint("state IN ('claimed', 'delivered', 'failed')", name="outboxq_spark_snapshots_state_check"),
+)
+Index("outboxq_spark_snapshots_pending_idx", spark_snapshots.c.processor_id,
+      postgresql_where=text("state = 'claimed'"))
+
+spark_batches = Table(
+    "outboxq_spark_batches",
+    metadata,
+    Column("id", BigInteger, Identity(always=False), primary_key=True),
+    Column("queue", Text, nullable=False),
+    Column("processor", Text, nullable=False),
+    Column("output_table", Text, nullable=False),
+    Column("batch_size", Integer, nullable=False),
+    Column("master", Text),
+    Column("state", Text, nullable=False, server_default=text("'pending'")),
+    Column("jobs_claimed", Integer, nullable=False, server_default=text("0")),
+    Column("rows_written", Integer, nullable=False, server_default=text("0")),
+    Column("error", Text),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("started_at", DateTime(timezone=True)),
+    Column("finished_at", DateTime(timezone=True)),
+    CheckConstraint("state IN ('pending', 'running', 'done', 'failed')", name="outboxq_spark_batches_state_check"),
+)
+
+# DDL that SQLAlchemy metadata cannot express: the wake-up notification for new work.
+NOTIFY_CHANNEL = "outboxq_jobs"
+
+NOTIFY_FUNCTION_DDL = f"""
+CREATE OR REPLACE FUNCTION outboxq_notify_new_jobs() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    -- One notification per queue per statement; PostgreSQL folds duplicates within a transaction.
+    PERFORM pg_notify('{NOTIFY_CHANNEL}', q.queue)
+      FROM (SELECT DISTINCT queue FROM new_jobs WHERE status = 'queued' AND run_at <= now()) AS q;
+    RETURN NULL;
+END $$;
+"""
+NOTIFY_TRIGGER_DDL = """
+CREATE TRIGGER outboxq_jobs_notify_new AFTER INSERT ON outboxq_jobs
+REFERENCING NEW TABLE AS new_jobs FOR EACH STATEMENT EXECUTE FUNCTION outboxq_notify_new_jobs();
+"""

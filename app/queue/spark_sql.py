@@ -1,0 +1,260 @@
+"""Every statement the Spark consumers (spark_jobs) run, named entity-first.
+
+The exactly-once protocol (Cues' snapshot + delivery hash, Gazette's epoch fence) in SQL: a processor row
+carries the fencing epoch, a snapshot row records a claimed batch before it is processed, and a delivery
+marks that snapshot delivered in the same transaction that writes the results and completes the jobs.
+"""
+
+from __future__ import annotations
+
+# ---------------------------------------------------------------- processors and their fencing epoch
+
+# Starting a processor bumps its epoch: every claim and delivery of an older epoch is refused from now on.
+spark_processor_bump_epoch = """
+INSERT INTO outboxq_spark_processors (processor_id, epoch, updated_at)
+VALUES (%(processor_id)s, 1, now())
+ON CONFLICT (processor_id) DO UPDATE
+SET epoch = outboxq_spark_processors.epoch + 1, updated_at = now()
+RETURNING epoch
+"""
+
+# Taken at the start of every claim and delivery transaction. FOR SHARE makes a concurrent epoch bump wait
+# for this transaction, so once a new processor has bumped the epoch no older transaction can commit.
+spark_processor_lock_epoch = """
+SELECT epoch FROM outboxq_spark_processors WHERE processor_id = %(processor_id)s FOR SHARE
+"""
+
+# ---------------------------------------------------------------- claiming a batch
+
+# The job's payload as one JSON object with the job's id and queue (they win over payload fields of the
+# same name); NULL when the payload is not a JSON object (a custom codec's bytes, an array, a scalar).
+_ROW_JSON = (
+    "CASE WHEN jsonb_typeof(j.payload) = 'object' "
+    "THEN (j.payload || jsonb_build_object('job_id', j.id, 'queue', j.queue))::text END AS row_json"
+)
+
+# Due jobs of a queue (fresh ones first, in the worker's claim order), locked with SKIP LOCKED so that
+# concurrent processors never claim the same job; a paused queue gives nothing.
+spark_jobs_claim = f"""
+WITH picked AS (
+    SELECT id FROM outboxq_jobs
+    WHERE queue = %(queue)s AND status IN ('queued', 'retrying') AND run_at <= now()
+      AND NOT EXISTS (SELECT 1 FROM outboxq_queues q WHERE q.queue = %(queue)s AND q.paused)
+    ORDER BY status = 'retrying', priority, run_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE outboxq_jobs j
+SET status = 'running',
+    attempts = j.attempts + 1,
+    max_attempts = coalesce(j.max_attempts, %(default_max_attempts)s),
+    lease_token = %(lease_token)s,
+    lease_expires_at = now() + %(lease_s)s::float8 * interval '1 second',
+    worker_id = %(worker_id)s,
+    started_at = coalesce(j.started_at, now()),
+    attempt_started_at = now()
+FROM picked
+WHERE j.id = picked.id
+RETURNING j.id, j.queue, j.attempts, j.max_attempts, {_ROW_JSON}
+"""
+
+# The snapshot of a claimed batch, committed before processing. A snapshot of the same hash that failed
+# before (the same jobs claimed together again after a failure) is taken over; a delivered one is not,
+# and the statement then returns no row.
+spark_snapshot_insert = """
+INSERT INTO outboxq_spark_snapshots
+    (processor_id, queue, epoch, job_ids, lease_token, delivery_hash, output_table)
+VALUES (%(processor_id)s, %(queue)s, %(epoch)s, %(job_ids)s, %(lease_token)s, %(delivery_hash)s,
+        %(output_table)s)
+ON CONFLICT (delivery_hash) DO UPDATE
+SET queue = EXCLUDED.queue, epoch = EXCLUDED.epoch, job_ids = EXCLUDED.job_ids,
+    lease_token = EXCLUDED.lease_token, output_table = EXCLUDED.output_table, state = 'claimed',
+    rows_written = NULL, error = NULL, created_at = now(), delivered_at = NULL
+WHERE outboxq_spark_snapshots.state = 'failed'
+RETURNING id
+"""
+
+# ---------------------------------------------------------------- recovery on start
+
+spark_snapshot_list_undelivered = """
+SELECT id, processor_id, queue, epoch, job_ids, lease_token, delivery_hash, output_table
+FROM outboxq_spark_snapshots
+WHERE processor_id = %(processor_id)s AND state = 'claimed'
+ORDER BY id
+FOR UPDATE
+"""
+
+# Take the snapshot's jobs back under its lease token: those it still holds, and those a lease rescue put
+# back in the queue (a new attempt). A job that finished or that another consumer holds is not taken.
+spark_jobs_relock_for_snapshot = """
+UPDATE outboxq_jobs j
+SET status = 'running',
+    attempts = CASE WHEN j.status = 'running' THEN j.attempts ELSE j.attempts + 1 END,
+    max_attempts = coalesce(j.max_attempts, %(default_max_attempts)s),
+    lease_token = %(lease_token)s,
+    lease_expires_at = now() + %(lease_s)s::float8 * interval '1 second',
+    worker_id = %(worker_id)s,
+    attempt_started_at = now()
+WHERE j.id = ANY(%(ids)s::bigint[])
+  AND ((j.status = 'running' AND j.lease_token = %(lease_token)s) OR j.status IN ('queued', 'retrying'))
+RETURNING j.id
+"""
+
+spark_jobs_read_for_snapshot = f"""
+SELECT j.id, j.queue, j.attempts, j.max_attempts, {_ROW_JSON}
+FROM outboxq_jobs j
+WHERE j.id = ANY(%(ids)s::bigint[]) AND j.lease_token = %(lease_token)s AND j.status = 'running'
+ORDER BY j.id
+"""
+
+# The jobs of a snapshot that cannot be delivered any more go back to the queue; their attempt is undone.
+spark_jobs_release = """
+UPDATE outboxq_jobs j
+SET status = CASE WHEN j.attempts > 1 THEN 'retrying' ELSE 'queued' END,
+    attempts = j.attempts - 1, lease_token = NULL, lease_expires_at = NULL, run_at = now()
+WHERE j.id = ANY(%(ids)s::bigint[]) AND j.lease_token = %(lease_token)s AND j.status = 'running'
+RETURNING j.id
+"""
+
+# ---------------------------------------------------------------- leases while processing
+
+spark_jobs_extend_lease = """
+UPDATE outboxq_jobs
+SET lease_expires_at = now() + %(lease_s)s::float8 * interval '1 second'
+WHERE id = ANY(%(ids)s::bigint[]) AND lease_token = %(lease_token)s AND status = 'running'
+"""
+
+# ---------------------------------------------------------------- delivery
+
+# Fenced by the snapshot's lease token and state: a snapshot is delivered (or failed) once. The lock is
+# taken first, so a concurrent delivery of the same snapshot waits and then finds it delivered.
+spark_snapshot_lock_claimed = """
+SELECT id FROM outboxq_spark_snapshots
+WHERE id = %(id)s AND lease_token = %(lease_token)s AND state = 'claimed'
+FOR UPDATE
+"""
+
+spark_snapshot_mark_delivered = """
+UPDATE outboxq_spark_snapshots
+SET state = 'delivered', delivered_at = now(), rows_written = %(rows_written)s, epoch = %(epoch)s,
+    error = %(error)s
+WHERE id = %(id)s AND lease_token = %(lease_token)s AND state = 'claimed'
+RETURNING id
+"""
+
+spark_snapshot_mark_failed = """
+UPDATE outboxq_spark_snapshots
+SET state = 'failed', error = %(error)s, epoch = %(epoch)s
+WHERE id = %(id)s AND lease_token = %(lease_token)s AND state = 'claimed'
+RETURNING id
+"""
+
+spark_snapshot_get = """
+SELECT id, processor_id, queue, epoch, job_ids, lease_token, delivery_hash, output_table, state,
+       rows_written, error, created_at, delivered_at
+FROM outboxq_spark_snapshots WHERE id = %(id)s
+"""
+
+# Failed jobs of a snapshot, each with its own error, fenced by the lease: back to `retrying` after the
+# exponential backoff (with jitter), or `dead` when out of attempts; the error goes to the job's history
+# and the queue is marked as failing, as the worker's job_fail does.
+spark_jobs_fail = """
+WITH failed AS (
+    UPDATE outboxq_jobs j
+    SET status = CASE WHEN j.max_attempts <> 0 AND j.attempts >= j.max_attempts THEN 'dead' ELSE 'retrying' END,
+        run_at = CASE WHEN j.max_attempts <> 0 AND j.attempts >= j.max_attempts THEN j.run_at
+                      ELSE now() + least(%(backoff_max)s::float8,
+                                         %(backoff_base)s::float8 * power(2, least(greatest(j.attempts - 1, 0), 62)))
+                                   * (1 + %(jitter)s::float8 * (2 * random() - 1)) * interval '1 second' END,
+        finished_at = CASE WHEN j.max_attempts <> 0 AND j.attempts >= j.max_attempts THEN now() END,
+        last_error = f.error, last_traceback = %(traceback)s,
+        lease_token = NULL, lease_expires_at = NULL
+    FROM unnest(%(ids)s::bigint[], %(errors)s::text[]) AS f(id, error)
+    WHERE j.id = f.id AND j.lease_token = %(lease_token)s AND j.status = 'running'
+    RETURNING j.id, j.queue, j.attempts, j.status, j.last_error
+),
+history AS (
+    INSERT INTO outboxq_job_errors (job_id, attempt, error, traceback)
+    SELECT id, attempts, last_error, %(traceback)s FROM failed
+),
+queue_failing AS (
+    INSERT INTO outboxq_queues (queue, failing_since, consecutive_failures)
+    SELECT DISTINCT queue, now(), 1 FROM failed
+    ON CONFLICT (queue) DO UPDATE
+    SET failing_since = coalesce(outboxq_queues.failing_since, now()),
+        consecutive_failures = outboxq_queues.consecutive_failures + 1
+)
+SELECT id, status FROM failed
+"""
+
+# A handled error, Cues-style: the bad job's payload and error go to the error queue (in the delivery's
+# transaction), and the job itself is dead at once: a malformed payload does not fix itself by retrying.
+spark_error_queue_insert = """
+INSERT INTO outboxq_jobs (queue, status, payload)
+SELECT %(error_queue)s, 'queued',
+       jsonb_build_object('job_id', j.id, 'queue', j.queue, 'payload', j.payload, 'error', f.error,
+                          'delivery_hash', %(delivery_hash)s::text)
+FROM unnest(%(ids)s::bigint[], %(errors)s::text[]) AS f(id, error)
+JOIN outboxq_jobs j ON j.id = f.id AND j.lease_token = %(lease_token)s AND j.status = 'running'
+RETURNING id
+"""
+
+spark_jobs_mark_dead = """
+WITH dead AS (
+    UPDATE outboxq_jobs j
+    SET status = 'dead', finished_at = now(), last_error = f.error, last_traceback = NULL,
+        lease_token = NULL, lease_expires_at = NULL
+    FROM unnest(%(ids)s::bigint[], %(errors)s::text[]) AS f(id, error)
+    WHERE j.id = f.id AND j.lease_token = %(lease_token)s AND j.status = 'running'
+    RETURNING j.id, j.attempts, j.last_error
+),
+history AS (
+    INSERT INTO outboxq_job_errors (job_id, attempt, error) SELECT id, attempts, last_error FROM dead
+)
+SELECT id FROM dead
+"""
+
+# ---------------------------------------------------------------- output tables
+
+# One creator at a time per output table (two processors may deliver their first batch at once).
+spark_output_table_lock = "SELECT pg_advisory_xact_lock(hashtext('outboxq_spark_output:' || %(table)s))"
+
+spark_output_table_columns = """
+SELECT a.attname AS name
+FROM pg_attribute a
+WHERE a.attrelid = to_regclass(%(table)s) AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY a.attnum
+"""
+
+# ---------------------------------------------------------------- batches (POST /v1/spark/batches)
+
+spark_batch_insert = """
+INSERT INTO outboxq_spark_batches (queue, processor, output_table, batch_size, master)
+VALUES (%(queue)s, %(processor)s, %(output_table)s, %(batch_size)s, %(master)s)
+RETURNING id
+"""
+
+spark_batch_get = """
+SELECT id, queue, processor, output_table, batch_size, master, state, jobs_claimed, rows_written, error,
+       created_at, started_at, finished_at
+FROM outboxq_spark_batches WHERE id = %(id)s
+"""
+
+spark_batch_mark_running = """
+UPDATE outboxq_spark_batches SET state = 'running', started_at = now()
+WHERE id = %(id)s AND state = 'pending'
+RETURNING id, queue, processor, output_table, batch_size, master
+"""
+
+spark_batch_add_progress = """
+UPDATE outboxq_spark_batches
+SET jobs_claimed = jobs_claimed + %(jobs_claimed)s, rows_written = rows_written + %(rows_written)s,
+    error = coalesce(%(error)s, error)
+WHERE id = %(id)s
+"""
+
+spark_batch_finish = """
+UPDATE outboxq_spark_batches
+SET state = %(state)s, error = coalesce(%(error)s, error), finished_at = now()
+WHERE id = %(id)s AND state IN ('pending', 'running')
+"""

@@ -1,0 +1,460 @@
+"""Every statement the queue runtime runs, named entity-first. Nothing else in outboxq writes job SQL.
+
+Statements that depend on time take a `now` parameter where tests need to move the clock.
+"""
+
+from __future__ import annotations
+
+from app.queue.schema import NOTIFY_CHANNEL
+
+JOB_COLUMNS = (
+    "id, queue, key, status, payload, payload_bytes, priority, run_at, attempts, max_attempts, "
+    "last_error, last_traceback, waiting_reason, cancel_requested, context, created_at, started_at, "
+    "attempt_started_at, finished_at"
+)
+
+# ---------------------------------------------------------------- enqueue
+
+job_insert = """
+INSERT INTO outboxq_jobs
+    (queue, key, status, payload, payload_bytes, priority, run_at, max_attempts, context, waiting_reason)
+VALUES (%(queue)s, %(key)s, %(status)s, %(payload)s, %(payload_bytes)s, %(priority)s,
+        coalesce(%(run_at)s::timestamptz, now() + %(delay)s::float8 * interval '1 second'),
+        %(max_attempts)s, %(context)s, %(waiting_reason)s)
+ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING
+RETURNING id, status, run_at, created_at
+"""
+
+# Many jobs of one queue in one statement; rows come back in input order (ORDER BY ordinality).
+job_insert_many = """
+INSERT INTO outboxq_jobs
+    (queue, key, status, payload, payload_bytes, priority, run_at, max_attempts, context)
+SELECT %(queue)s, i.key, 'queued', i.payload, i.payload_bytes, %(priority)s,
+       coalesce(%(run_at)s::timestamptz, now() + %(delay)s::float8 * interval '1 second'),
+       %(max_attempts)s, %(context)s
+FROM unnest(%(keys)s::text[], %(payloads)s::jsonb[], %(payloads_bytes)s::bytea[])
+     WITH ORDINALITY AS i(key, payload, payload_bytes, ord)
+ORDER BY i.ord
+ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING
+RETURNING id, key, status, run_at, created_at
+"""
+
+job_delete_by_ids = "DELETE FROM outboxq_jobs WHERE id = ANY(%(ids)s::bigint[])"
+
+job_find_by_keys = """
+SELECT j.id, j.queue, j.key, j.status
+FROM outboxq_jobs j
+JOIN unnest(%(queues)s::text[], %(keys)s::text[]) AS wanted(queue, key)
+  ON j.queue = wanted.queue AND j.key = wanted.key
+"""
+
+job_dependencies_insert = """
+INSERT INTO outboxq_job_dependencies (job_id, depends_on_id)
+SELECT %(job_id)s, unnest(%(depends_on_ids)s::bigint[])
+"""
+
+job_get = f"SELECT {JOB_COLUMNS} FROM outboxq_jobs WHERE id = %(id)s"
+
+# ---------------------------------------------------------------- claim, complete, fail (the hot path)
+
+# One statement: read the queue's state (paused, failing), lock fresh jobs with SKIP LOCKED, and while the
+# queue is failing take at most one retrying job (and none while another retry is in flight), so that a
+# downstream that is down sees one probe at a time instead of every retry at once.
+job_claim_batch = """
+WITH queue_state AS (
+    SELECT coalesce(bool_or(paused), false) AS paused,
+           coalesce(bool_or(failing_since IS NOT NULL), false) AS failing
+    FROM outboxq_queues WHERE queue = %(queue)s
+),
+fresh AS (
+    SELECT id FROM outboxq_jobs
+    WHERE queue = %(queue)s AND status = 'queued' AND run_at <= now()
+      AND NOT (SELECT paused FROM queue_state)
+    ORDER BY priority, run_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+retry AS (
+    SELECT id FROM outboxq_jobs
+    WHERE queue = %(queue)s AND status = 'retrying' AND run_at <= now()
+      AND NOT (SELECT paused FROM queue_state)
+      AND (NOT (SELECT failing FROM queue_state)
+           OR NOT EXISTS (SELECT 1 FROM outboxq_jobs r
+                          WHERE r.status = 'running' AND r.queue = %(queue)s AND r.attempts > 1))
+    ORDER BY run_at, id
+    LIMIT greatest(0, least(CASE WHEN (SELECT failing FROM queue_state) THEN 1 ELSE %(limit)s END,
+                            %(limit)s - (SELECT count(*) FROM fresh)))
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE outboxq_jobs j
+SET status = 'running',
+    attempts = j.attempts + 1,
+    max_attempts = coalesce(j.max_attempts, %(default_max_attempts)s),
+    lease_token = %(lease_token)s,
+    lease_expires_at = now() + %(lease_s)s::float8 * interval '1 second',
+    worker_id = %(worker_id)s,
+    started_at = coalesce(j.started_at, now()),
+    attempt_started_at = now()
+FROM (SELECT id FROM fresh UNION ALL SELECT id FROM retry) AS picked
+WHERE j.id = picked.id
+RETURNING j.id, j.queue, j.key, j.payload, j.payload_bytes, j.attempts, j.max_attempts, j.context,
+          j.priority, j.run_at, (SELECT failing FROM queue_state) AS queue_failing
+"""
+
+# Claim one given job (test helpers run a chosen job deterministically); same columns as job_claim_batch.
+job_claim_by_id = """
+UPDATE outboxq_jobs j
+SET status = 'running',
+    attempts = j.attempts + 1,
+    max_attempts = coalesce(j.max_attempts, %(default_max_attempts)s),
+    lease_token = %(lease_token)s,
+    lease_expires_at = now() + %(lease_s)s::float8 * interval '1 second',
+    worker_id = %(worker_id)s,
+    started_at = coalesce(j.started_at, now()),
+    attempt_started_at = now()
+WHERE j.id = %(id)s AND j.queue = %(queue)s AND j.status IN ('queued', 'retrying') AND %(limit)s > 0
+RETURNING j.id, j.queue, j.key, j.payload, j.payload_bytes, j.attempts, j.max_attempts, j.context,
+          j.priority, j.run_at,
+          coalesce((SELECT q.failing_since IS NOT NULL FROM outboxq_queues q WHERE q.queue = j.queue), false)
+              AS queue_failing
+"""
+
+# Complete many jobs at once, each fenced by its lease token, and release the waiting jobs whose last
+# dependency just finished (notifying their queues). Returns the ids that were completed; an id missing
+# from the result was fenced (its lease was taken away).
+job_complete_batch = f"""
+WITH done AS (
+    UPDATE outboxq_jobs j
+    SET status = 'done', finished_at = now(), lease_token = NULL, lease_expires_at = NULL
+    FROM unnest(%(ids)s::bigint[], %(lease_tokens)s::uuid[]) AS c(id, lease_token)
+    WHERE j.id = c.id AND j.lease_token = c.lease_token AND j.status = 'running'
+    RETURNING j.id
+),
+released AS (
+    UPDATE outboxq_jobs w
+    SET status = 'queued', waiting_reason = NULL
+    WHERE w.status = 'waiting'
+      AND w.id IN (SELECT d.job_id FROM outboxq_job_dependencies d JOIN done ON d.depends_on_id = done.id)
+      AND NOT EXISTS (
+          SELECT 1 FROM outboxq_job_dependencies d2
+          JOIN outboxq_jobs dep ON dep.id = d2.depends_on_id
+          WHERE d2.job_id = w.id AND dep.status <> 'done'
+            AND dep.id NOT IN (SELECT id FROM done))
+    RETURNING w.queue
+)
+SELECT id FROM done
+UNION ALL
+SELECT NULL FROM (SELECT DISTINCT queue FROM released) AS q, pg_notify('{NOTIFY_CHANNEL}', q.queue)
+"""
+
+# A failed attempt, fenced: back to `retrying` after `delay` seconds, or `dead`. The error is kept in the
+# job's history and the queue is marked as failing (the per-queue backoff).
+job_fail = """
+WITH failed AS (
+    UPDATE outboxq_jobs
+    SET status = CASE WHEN %(dead)s THEN 'dead' ELSE 'retrying' END,
+        run_at = CASE WHEN %(dead)s THEN run_at ELSE now() + %(delay)s::float8 * interval '1 second' END,
+        finished_at = CASE WHEN %(dead)s THEN now() END,
+        last_error = %(error)s, last_traceback = %(traceback)s,
+        lease_token = NULL, lease_expires_at = NULL
+    WHERE id = %(id)s AND lease_token = %(lease_token)s AND status = 'running'
+    RETURNING id, queue, attempts, status
+),
+history AS (
+    INSERT INTO outboxq_job_errors (job_id, attempt, error, traceback)
+    SELECT id, attempts, %(error)s, %(traceback)s FROM failed
+),
+queue_failing AS (
+    INSERT INTO outboxq_queues (queue, failing_since, consecutive_failures)
+    SELECT queue, now(), 1 FROM failed
+    ON CONFLICT (queue) DO UPDATE
+    SET failing_since = coalesce(outboxq_queues.failing_since, now()),
+        consecutive_failures = outboxq_queues.consecutive_failures + 1
+)
+SELECT id, status FROM failed
+"""
+
+# A cancel the handler honoured (it saw ctx.cancelled and stopped), fenced.
+job_finish_cancelled = """
+UPDATE outboxq_jobs
+SET status = 'cancelled', finished_at = now(), lease_token = NULL, lease_expires_at = NULL
+WHERE id = %(id)s AND lease_token = %(lease_token)s AND status = 'running'
+RETURNING id
+"""
+
+# On shutdown: jobs claimed but never started go straight back to the queue (their attempt is undone).
+job_release_unstarted = """
+UPDATE outboxq_jobs j
+SET status = CASE WHEN j.attempts > 1 THEN 'retrying' ELSE 'queued' END,
+    attempts = j.attempts - 1, lease_token = NULL, lease_expires_at = NULL, run_at = now()
+FROM unnest(%(ids)s::bigint[], %(lease_tokens)s::uuid[]) AS r(id, lease_token)
+WHERE j.id = r.id AND j.lease_token = r.lease_token AND j.status = 'running'
+RETURNING j.id
+"""
+
+queue_mark_healthy = """
+UPDATE outboxq_queues
+SET failing_since = NULL, consecutive_failures = 0, last_success_at = now()
+WHERE queue = %(queue)s AND failing_since IS NOT NULL
+"""
+
+# Renew the leases of running jobs. Ids missing from the result were fenced; cancel_requested tells the
+# handler to stop.
+job_heartbeat = """
+UPDATE outboxq_jobs j
+SET lease_expires_at = now() + %(lease_s)s::float8 * interval '1 second'
+FROM unnest(%(ids)s::bigint[], %(lease_tokens)s::uuid[]) AS h(id, lease_token)
+WHERE j.id = h.id AND j.lease_token = h.lease_token AND j.status = 'running'
+RETURNING j.id, j.cancel_requested
+"""
+
+# Used by ctx.transaction(): lock the job's row if (and only if) this worker still holds its lease.
+job_lock_if_leased = """
+SELECT id FROM outboxq_jobs
+WHERE id = %(id)s AND lease_token = %(lease_token)s AND status = 'running'
+FOR UPDATE
+"""
+
+# ---------------------------------------------------------------- maintenance
+
+# Jobs whose lease expired (their worker died, froze, or lost the database): retry with backoff, or dead.
+job_rescue_expired = """
+WITH expired AS (
+    SELECT id FROM outboxq_jobs
+    WHERE status = 'running' AND lease_expires_at < %(now)s
+    ORDER BY lease_expires_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+),
+rescued AS (
+    UPDATE outboxq_jobs j
+    SET status = CASE
+            WHEN j.cancel_requested THEN 'cancelled'
+            WHEN j.max_attempts <> 0 AND j.attempts >= j.max_attempts THEN 'dead'
+            ELSE 'retrying' END,
+        run_at = %(now)s + least(%(backoff_max)s::float8,
+                                 %(backoff_base)s::float8 * power(2, greatest(j.attempts - 1, 0)))
+                           * interval '1 second',
+        finished_at = CASE WHEN j.cancel_requested OR (j.max_attempts <> 0 AND j.attempts >= j.max_attempts)
+                           THEN %(now)s END,
+        last_error = 'lease expired: worker ' || coalesce(j.worker_id, '?') || ' stopped renewing it',
+        last_traceback = NULL,
+        lease_token = NULL, lease_expires_at = NULL
+    FROM expired WHERE j.id = expired.id
+    RETURNING j.id, j.queue, j.status, j.attempts, j.last_error
+),
+history AS (
+    INSERT INTO outboxq_job_errors (job_id, attempt, error, failed_at)
+    SELECT id, attempts, last_error, %(now)s FROM rescued
+)
+SELECT id, queue, status, attempts FROM rescued
+"""
+
+# Safety net for the release done at completion: a waiting job whose dependencies are all done (or were
+# pruned, which only happens to finished jobs) becomes queued.
+job_release_ready_waiting = f"""
+WITH released AS (
+    UPDATE outboxq_jobs w
+    SET status = 'queued', waiting_reason = NULL
+    WHERE w.status = 'waiting'
+      AND NOT EXISTS (
+          SELECT 1 FROM outboxq_job_dependencies d
+          JOIN outboxq_jobs dep ON dep.id = d.depends_on_id
+          WHERE d.job_id = w.id AND dep.status <> 'done')
+    RETURNING w.id, w.queue
+),
+notified AS (SELECT pg_notify('{NOTIFY_CHANNEL}', queue) FROM (SELECT DISTINCT queue FROM released) q)
+SELECT (SELECT count(*) FROM released) AS released, (SELECT count(*) FROM notified) AS queues
+"""
+
+# A waiting job says why it cannot run when a dependency is dead or cancelled; the reason is cleared when
+# that dependency is retried.
+job_update_waiting_reasons = """
+WITH reasons AS (
+    SELECT w.id,
+           string_agg(format('dependency %%s (queue %%s, key %%s) is %%s', dep.id, dep.queue,
+                             coalesce(dep.key, '-'), dep.status), '; ' ORDER BY dep.id)
+               FILTER (WHERE dep.status IN ('dead', 'cancelled')) AS reason
+    FROM outboxq_jobs w
+    JOIN outboxq_job_dependencies d ON d.job_id = w.id
+    JOIN outboxq_jobs dep ON dep.id = d.depends_on_id
+    WHERE w.status = 'waiting'
+    GROUP BY w.id
+)
+UPDATE outboxq_jobs w SET waiting_reason = reasons.reason
+FROM reasons
+WHERE w.id = reasons.id AND w.waiting_reason IS DISTINCT FROM reasons.reason
+RETURNING w.id, w.waiting_reason
+"""
+
+# Retention: finished jobs go in bulk, oldest first, a bounded number per statement. A dead or cancelled
+# job that a waiting job depends on is kept: deleting it would look like "dependency satisfied" and
+# release the waiting job (it goes once its dependents are cancelled, or it is retried and done).
+job_prune_finished = """
+DELETE FROM outboxq_jobs
+WHERE id IN (
+    SELECT f.id FROM outboxq_jobs f
+    WHERE ((f.status IN ('done', 'cancelled') AND f.finished_at < %(done_before)s)
+           OR (f.status = 'dead' AND f.finished_at < %(dead_before)s))
+      AND (f.status = 'done' OR NOT EXISTS (
+              SELECT 1 FROM outboxq_job_dependencies d JOIN outboxq_jobs w ON w.id = d.job_id
+              WHERE d.depends_on_id = f.id AND w.status = 'waiting'))
+    LIMIT %(limit)s
+)
+"""
+
+idempotency_key_prune = """
+DELETE FROM outboxq_idempotency_keys WHERE created_at < %(before)s
+"""
+
+# ---------------------------------------------------------------- admin
+
+job_retry_now = f"""
+WITH retried AS (
+    UPDATE outboxq_jobs
+    -- A job out of attempts gets exactly one more, so attempts never exceed max_attempts.
+    SET status = 'queued', run_at = now(), finished_at = NULL, cancel_requested = false,
+        max_attempts = CASE WHEN max_attempts <> 0 AND attempts >= max_attempts THEN attempts + 1
+                            ELSE max_attempts END
+    WHERE id = %(id)s AND status IN ('retrying', 'dead', 'cancelled')
+    RETURNING id, queue
+)
+SELECT id, pg_notify('{NOTIFY_CHANNEL}', queue) FROM retried
+"""
+
+queue_retry_all_now = f"""
+WITH retried AS (
+    UPDATE outboxq_jobs
+    -- A job out of attempts gets exactly one more, so attempts never exceed max_attempts.
+    SET status = 'queued', run_at = now(), finished_at = NULL, cancel_requested = false,
+        max_attempts = CASE WHEN max_attempts <> 0 AND attempts >= max_attempts THEN attempts + 1
+                            ELSE max_attempts END
+    WHERE queue = %(queue)s AND status IN ('retrying', 'dead')
+    RETURNING id
+)
+SELECT count(*) AS retried,
+       (SELECT pg_notify('{NOTIFY_CHANNEL}', %(queue)s) WHERE EXISTS (SELECT 1 FROM retried)) AS n
+FROM retried
+"""
+
+# Re-run a finished (done) job: used by the testing helpers to check a handler's idempotence.
+job_requeue_done = """
+UPDATE outboxq_jobs SET status = 'queued', run_at = now(), finished_at = NULL
+WHERE id = %(id)s AND status = 'done'
+RETURNING id
+"""
+
+job_cancel = """
+UPDATE outboxq_jobs
+SET status = CASE WHEN status = 'running' THEN status ELSE 'cancelled' END,
+    finished_at = CASE WHEN status = 'running' THEN finished_at ELSE now() END,
+    cancel_requested = true
+WHERE id = %(id)s AND status IN ('queued', 'waiting', 'retrying', 'running')
+RETURNING id, status
+"""
+
+queue_set_paused = """
+INSERT INTO outboxq_queues (queue, paused, paused_at)
+VALUES (%(queue)s, %(paused)s, CASE WHEN %(paused)s THEN now() END)
+ON CONFLICT (queue) DO UPDATE
+SET paused = EXCLUDED.paused, paused_at = EXCLUDED.paused_at
+"""
+
+queue_list_errors = f"""
+SELECT {JOB_COLUMNS} FROM outboxq_jobs
+WHERE queue = %(queue)s AND status IN ('retrying', 'dead')
+ORDER BY id
+LIMIT %(limit)s
+"""
+
+job_error_history = """
+SELECT attempt, error, traceback, failed_at FROM outboxq_job_errors
+WHERE job_id = %(id)s ORDER BY id
+"""
+
+queue_counts = """
+WITH names AS (
+    SELECT DISTINCT queue FROM outboxq_jobs
+    UNION SELECT queue FROM outboxq_queues
+)
+SELECT n.queue,
+       coalesce(q.paused, false) AS paused,
+       q.failing_since,
+       coalesce(c.counts, '{}'::jsonb) AS counts
+FROM names n
+LEFT JOIN outboxq_queues q ON q.queue = n.queue
+LEFT JOIN LATERAL (
+    SELECT jsonb_object_agg(status, n_jobs) AS counts
+    FROM (SELECT status, count(*) AS n_jobs FROM outboxq_jobs j WHERE j.queue = n.queue GROUP BY status) s
+) c ON true
+ORDER BY n.queue
+"""
+
+# Retry statistics over jobs finished in the window: how many succeeded at the first attempt, how many
+# needed retries.
+stats_retries = """
+SELECT queue,
+       count(*) FILTER (WHERE status = 'done') AS ok,
+       coalesce(sum(attempts - 1) FILTER (WHERE attempts > 1), 0) AS retries,
+       count(*) FILTER (WHERE status = 'dead') AS dead,
+       count(*) AS finished
+FROM outboxq_jobs
+WHERE status IN ('done', 'dead') AND finished_at >= %(since)s
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+GROUP BY queue ORDER BY queue
+"""
+
+stats_processing_time = """
+SELECT queue, count(*) AS jobs,
+       avg(ms) AS avg_ms, min(ms) AS min_ms, max(ms) AS max_ms,
+       percentile_cont(0.50) WITHIN GROUP (ORDER BY ms) AS p50_ms,
+       percentile_cont(0.90) WITHIN GROUP (ORDER BY ms) AS p90_ms,
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY ms) AS p95_ms,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY ms) AS p99_ms
+FROM (SELECT queue, extract(epoch FROM finished_at - attempt_started_at) * 1000 AS ms
+      FROM outboxq_jobs
+      WHERE status = 'done' AND finished_at >= %(since)s AND attempt_started_at IS NOT NULL
+        AND (%(queue)s::text IS NULL OR queue = %(queue)s)) t
+GROUP BY queue ORDER BY queue
+"""
+
+queue_failing = """
+SELECT queue, failing_since, consecutive_failures FROM outboxq_queues
+WHERE failing_since IS NOT NULL ORDER BY queue
+"""
+
+# Per-minute finished and failed attempts over the last `minutes` (the dashboard's chart).
+stats_throughput = """
+WITH buckets AS (
+    SELECT generate_series(date_trunc('minute', %(now)s::timestamptz) - (%(minutes)s - 1) * interval '1 minute',
+                           date_trunc('minute', %(now)s::timestamptz), interval '1 minute') AS minute
+),
+done AS (
+    SELECT date_trunc('minute', finished_at) AS minute, count(*) AS n FROM outboxq_jobs
+    WHERE status = 'done' AND finished_at > %(now)s::timestamptz - %(minutes)s * interval '1 minute'
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+    GROUP BY 1
+),
+failed AS (
+    SELECT date_trunc('minute', e.failed_at) AS minute, count(*) AS n
+    FROM outboxq_job_errors e JOIN outboxq_jobs j ON j.id = e.job_id
+    WHERE e.failed_at > %(now)s::timestamptz - %(minutes)s * interval '1 minute'
+      AND (%(queue)s::text IS NULL OR j.queue = %(queue)s)
+    GROUP BY 1
+)
+SELECT b.minute, coalesce(d.n, 0) AS done, coalesce(f.n, 0) AS failed
+FROM buckets b LEFT JOIN done d ON d.minute = b.minute LEFT JOIN failed f ON f.minute = b.minute
+ORDER BY b.minute
+"""
+
+# What a job waits for, and what waits for it.
+job_dependencies_of = """
+SELECT 'depends_on' AS direction, j.id, j.queue, j.key, j.status
+FROM outboxq_job_dependencies d JOIN outboxq_jobs j ON j.id = d.depends_on_id
+WHERE d.job_id = %(id)s
+UNION ALL
+SELECT 'dependents', j.id, j.queue, j.key, j.status
+FROM outboxq_job_dependencies d JOIN outboxq_jobs j ON j.id = d.job_id
+WHERE d.depends_on_id = %(id)s
+ORDER BY 1, 2
+"""

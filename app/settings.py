@@ -1,0 +1,76 @@
+"""One Settings object for every outboxq process (API, workers, Spark, CLI)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Configuration read from the environment (``OUTBOXQ_*``, plus ``DATABASE_URL``)."""
+
+    model_config = SettingsConfigDict(env_prefix="OUTBOXQ_", extra="ignore")
+
+    # A postgresql:// URL. None means: start (or reuse) the embedded PostgreSQL.
+    database_url: str | None = Field(
+        default=None, validation_alias=AliasChoices("DATABASE_URL", "OUTBOXQ_DATABASE_URL")
+    )
+    # Where the embedded PostgreSQL keeps its data; None means the user's data directory.
+    embedded_data_dir: str | None = None
+
+    # Worker defaults; a consumer may override each of them.
+    max_attempts: int = 25
+    backoff_base: float = 5.0
+    backoff_max: float = 3600.0
+    backoff_jitter: float = 0.25
+    lease_s: float = 60.0
+    max_execute_s: float = 300.0
+    poll_interval: float = 1.0
+    batch_size: int = 500
+    concurrency: int = 16
+    shutdown_timeout: float = 30.0
+
+    # Maintenance
+    retention_done_s: float = 7 * 24 * 3600.0
+    retention_dead_s: float = 30 * 24 * 3600.0
+    # How long an Idempotency-Key is remembered: a client retrying later than this enqueues anew.
+    idempotency_ttl_s: float = 24 * 3600.0
+    healthy_allowed_error_time_s: float = 15 * 60.0
+    health_startup_grace_s: float = 60.0
+
+    # Context variables captured at enqueue ("module:name" of a contextvars.ContextVar).
+    context_vars: list[str] = Field(default_factory=list)
+
+    # HTTP service
+    api_tokens: str = ""
+    max_payload_bytes: int = 1024 * 1024
+    max_batch_jobs: int = 1000
+    db_pool_min: int = 1
+    db_pool_max: int = 10
+    host: str = "127.0.0.1"
+    port: int = 8000
+    # HMAC key of the listing markers; empty: a random key per process (markers then do not survive a
+    # restart). Set it when several API processes serve the same clients.
+    marker_secret: str = ""
+    # How long `outboxq serve` waits for the database at start-up before serving (503 on /readyz) anyway.
+    db_wait_s: float = 30.0
+    # False: GET /metrics needs a token with the read scope.
+    metrics_public: bool = True
+
+    # Spark consumers (spark_jobs): any master URL works (local[*], spark://, yarn, k8s://).
+    spark_master: str = "local[*]"
+    spark_app_name: str = "outboxq-spark"
+    spark_shuffle_partitions: int = 2
+    spark_batch_size: int = 10_000
+    # A Spark batch holds its jobs' lease this long; the consumer renews it while processing.
+    spark_lease_s: float = 600.0
+    # Extra Spark configuration (JSON object in OUTBOXQ_SPARK_CONF), e.g. {"spark.executor.memory": "2g"}.
+    spark_conf: dict[str, str] = Field(default_factory=dict)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read once from the environment."""
+    return Settings()

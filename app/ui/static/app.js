@@ -1,0 +1,211 @@
+// outboxq dashboard: hash-routed pages over the /v1 HTTP API. The token lives in sessionStorage only.
+"use strict";
+
+const STATUSES = ["waiting", "queued", "running", "retrying", "done", "dead", "cancelled"];
+const view = document.getElementById("view");
+const flash = document.getElementById("flash");
+
+function token() { return sessionStorage.getItem("outboxq_token"); }
+
+function esc(value) {
+  return String(value ?? "").replace(/[&<>"']/g, c => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
+}
+
+function say(message, isError = false) {
+  flash.textContent = message;
+  flash.className = isError ? "error" : "";
+}
+
+async function api(method, path, body) {
+  const headers = {"Authorization": "Bearer " + token()};
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  if (method === "POST") headers["Idempotency-Key"] = crypto.randomUUID ? crypto.randomUUID() : String(Math.random());
+  const response = await fetch(path, {method, headers, body: body === undefined ? undefined : JSON.stringify(body)});
+  const data = response.status === 204 ? null : await response.json().catch(() => null);
+  if (response.status === 401) { sessionStorage.removeItem("outboxq_token"); route(); throw new Error("signed out"); }
+  if (!response.ok) throw new Error((data && data.error && data.error.message) || response.statusText);
+  return data;
+}
+
+function items(data) { return Array.isArray(data) ? data : (data.items || data.queues || []); }
+
+function statusBadge(status) { return `<span class="status ${esc(status)}">${esc(status)}</span>`; }
+
+async function act(label, method, path, after) {
+  if (!window.confirm(`${label}?`)) return;
+  try {
+    const result = await api(method, path);
+    say(`${label}: done` + (result && result.retried !== undefined ? ` (${result.retried} jobs)` : ""));
+    if (after) await after(result);
+  } catch (error) {
+    say(`${label} failed: ${error.message}`, true);
+  }
+}
+
+// ---------------------------------------------------------------- sign-in
+
+function showSignIn() {
+  view.innerHTML = document.getElementById("sign-in-template").innerHTML;
+  document.getElementById("sign-in-form").addEventListener("submit", async event => {
+    event.preventDefault();
+    sessionStorage.setItem("outboxq_token", document.getElementById("token").value.trim());
+    try {
+      await api("GET", "/v1/queues");
+      route();
+    } catch (error) {
+      sessionStorage.removeItem("outboxq_token");
+      showSignIn();
+      document.getElementById("sign-in-error").textContent = "That token was refused.";
+    }
+  });
+}
+
+// ---------------------------------------------------------------- queues
+
+function chart(points) {
+  const width = 600, height = 80, barWidth = width / Math.max(points.length, 1);
+  const max = Math.max(1, ...points.map(p => p.done + p.failed));
+  const bars = points.map((p, i) => {
+    const doneHeight = height * p.done / max, failedHeight = height * p.failed / max;
+    return `<rect class="done" x="${i * barWidth}" y="${height - doneHeight}" width="${barWidth - 1}" height="${doneHeight}"><title>${esc(p.minute)}: ${p.done} done</title></rect>` +
+           `<rect class="failed" x="${i * barWidth}" y="${height - doneHeight - failedHeight}" width="${barWidth - 1}" height="${failedHeight}"><title>${p.failed} failed</title></rect>`;
+  }).join("");
+  return `<svg class="chart" id="throughput-chart" viewBox="0 0 ${width} ${height}" width="100%" height="${height}">${bars}</svg>`;
+}
+
+async function showQueues() {
+  const [queuesData, health, throughputData] = await Promise.all([
+    api("GET", "/v1/queues"), api("GET", "/v1/health"), api("GET", "/v1/stats/throughput?minutes=60"),
+  ]);
+  const queues = items(queuesData), throughput = items(throughputData);
+  const done = throughput.reduce((n, p) => n + p.done, 0), failed = throughput.reduce((n, p) => n + p.failed, 0);
+  const failureRate = done + failed ? (100 * failed / (done + failed)).toFixed(1) : "0.0";
+  const rows = queues.map(q => `
+    <tr data-queue="${esc(q.queue)}">
+      <td><a href="#/queues/${encodeURIComponent(q.queue)}">${esc(q.queue)}</a></td>
+      <td>${q.paused ? "paused" : "running"}</td>
+      ${STATUSES.map(s => `<td class="num">${(q.counts || {})[s] || 0}</td>`).join("")}
+      <td>
+        <button class="secondary" data-action="${q.paused ? "resume" : "pause"}">${q.paused ? "Resume" : "Pause"}</button>
+        <button class="danger" data-action="retry">Retry errors</button>
+      </td>
+    </tr>`).join("");
+  view.innerHTML = `
+    <section class="card">
+      <h2>Health: <span id="health" class="${health.healthy ? "healthy" : "unhealthy"}">${health.healthy ? "healthy" : "unhealthy"}</span></h2>
+      ${(health.queues_in_error || []).map(q => `<p class="error">${esc(q.queue)} in error since ${esc(q.failing_since)}</p>`).join("")}
+      <h3>Last hour: ${done} done, ${failed} failed attempts (failure rate ${failureRate}%)</h3>
+      ${chart(throughput)}
+    </section>
+    <section class="card">
+      <h2>Queues</h2>
+      <table id="queues"><thead><tr><th>queue</th><th>state</th>${STATUSES.map(s => `<th>${s}</th>`).join("")}<th></th></tr></thead>
+      <tbody>${rows || `<tr><td colspan="10">No queues yet.</td></tr>`}</tbody></table>
+    </section>`;
+  view.querySelectorAll("tr[data-queue] button").forEach(button => {
+    const queue = button.closest("tr").dataset.queue, action = button.dataset.action;
+    const labels = {pause: `Pause queue ${queue}`, resume: `Resume queue ${queue}`, retry: `Retry all errors of ${queue}`};
+    button.addEventListener("click", () => act(labels[action], "POST", `/v1/queues/${encodeURIComponent(queue)}/${action}`, showQueues));
+  });
+}
+
+// ---------------------------------------------------------------- a queue's jobs
+
+async function showQueue(queue, params) {
+  const status = params.get("status") || "", marker = params.get("marker") || "";
+  const query = new URLSearchParams({limit: "50"});
+  if (status) query.set("status", status);
+  if (marker) query.set("marker", marker);
+  const page = await api("GET", `/v1/queues/${encodeURIComponent(queue)}/jobs?${query}`);
+  const rows = page.items.map(j => `
+    <tr><td><a href="#/jobs/${j.id}">${j.id}</a></td><td>${esc(j.key)}</td><td>${statusBadge(j.status)}</td>
+    <td class="num">${j.attempts}</td><td>${esc(j.created_at)}</td><td>${esc(j.last_error)}</td></tr>`).join("");
+  const base = `#/queues/${encodeURIComponent(queue)}?status=${encodeURIComponent(status)}`;
+  view.innerHTML = `
+    <section class="card">
+      <h2>Queue ${esc(queue)}</h2>
+      <div class="toolbar">
+        <label>Status <select id="status-filter"><option value="">all</option>
+          ${STATUSES.map(s => `<option ${s === status ? "selected" : ""}>${s}</option>`).join("")}</select></label>
+        ${marker ? `<a href="${base}">First page</a>` : ""}
+        ${page.next_marker ? `<a id="next-page" href="${base}&marker=${encodeURIComponent(page.next_marker)}">Next page</a>` : ""}
+      </div>
+      <table id="jobs"><thead><tr><th>id</th><th>key</th><th>status</th><th>attempts</th><th>created</th><th>last error</th></tr></thead>
+      <tbody>${rows || `<tr><td colspan="6">No jobs.</td></tr>`}</tbody></table>
+    </section>`;
+  document.getElementById("status-filter").addEventListener("change", event => {
+    location.hash = `#/queues/${encodeURIComponent(queue)}?status=${encodeURIComponent(event.target.value)}`;
+  });
+}
+
+// ---------------------------------------------------------------- a job
+
+async function showJob(id) {
+  const [job, errors, dependencies] = await Promise.all([
+    api("GET", `/v1/jobs/${id}`), api("GET", `/v1/jobs/${id}/errors`), api("GET", `/v1/jobs/${id}/dependencies`),
+  ]);
+  const errorItems = items(errors);
+  const related = list => list.length ? `<ul>${list.map(j => `<li><a href="#/jobs/${j.id}">${j.id}</a> ${esc(j.queue)} ${esc(j.key)} ${statusBadge(j.status)}</li>`).join("")}</ul>` : "<p>none</p>";
+  view.innerHTML = `
+    <section class="card">
+      <h2>Job ${job.id} <span id="job-status">${statusBadge(job.status)}</span></h2>
+      <div class="toolbar">
+        <button id="retry-job">Retry now</button>
+        <button class="danger" id="cancel-job">Cancel</button>
+        <a href="#/queues/${encodeURIComponent(job.queue)}">queue ${esc(job.queue)}</a>
+      </div>
+      <table>
+        <tr><th>key</th><td>${esc(job.key)}</td><th>priority</th><td>${job.priority}</td></tr>
+        <tr><th>attempts</th><td id="job-attempts">${job.attempts} of ${job.max_attempts ?? "default"}</td><th>run at</th><td>${esc(job.run_at)}</td></tr>
+        <tr><th>created</th><td>${esc(job.created_at)}</td><th>started</th><td>${esc(job.started_at)}</td></tr>
+        <tr><th>finished</th><td>${esc(job.finished_at)}</td><th>last error</th><td>${esc(job.last_error)}</td></tr>
+      </table>
+      <h3>Payload</h3><pre id="payload">${esc(JSON.stringify(job.payload, null, 2))}</pre>
+      <h3>Waits for</h3>${related(dependencies.depends_on || [])}
+      <h3>Waited for by</h3>${related(dependencies.dependents || [])}
+      <h3>Errors</h3>
+      <div id="errors">${errorItems.length ? errorItems.map(e => `
+        <div><strong>attempt ${e.attempt}</strong> at ${esc(e.failed_at)}: ${esc(e.error)}
+        ${e.traceback ? `<pre>${esc(e.traceback)}</pre>` : ""}</div>`).join("") : "<p>none</p>"}</div>
+    </section>`;
+  document.getElementById("retry-job").addEventListener("click", () => act(`Retry job ${id}`, "POST", `/v1/jobs/${id}/retry`, () => showJob(id)));
+  document.getElementById("cancel-job").addEventListener("click", () => act(`Cancel job ${id}`, "POST", `/v1/jobs/${id}/cancel`, () => showJob(id)));
+}
+
+// ---------------------------------------------------------------- spark
+
+async function showSpark() {
+  const data = await api("GET", "/v1/spark/batches");
+  const batches = items(data);
+  view.innerHTML = `
+    <section class="card"><h2>Spark batches</h2>
+    <table id="spark-batches"><thead><tr><th>id</th><th>queue</th><th>processor</th><th>state</th><th>jobs</th><th>rows written</th><th>error</th></tr></thead>
+    <tbody>${batches.map(b => `<tr><td>${b.id}</td><td>${esc(b.queue)}</td><td>${esc(b.processor)}</td><td>${statusBadge(b.state)}</td>
+      <td class="num">${b.jobs_claimed}</td><td class="num">${b.rows_written}</td><td>${esc(b.error)}</td></tr>`).join("") || `<tr><td colspan="7">No batches yet.</td></tr>`}</tbody></table></section>`;
+}
+
+// ---------------------------------------------------------------- routing
+
+async function route() {
+  if (!token()) return showSignIn();
+  const [path, query] = location.hash.replace(/^#/, "").split("?");
+  const params = new URLSearchParams(query || "");
+  const parts = (path || "/").split("/").filter(Boolean).map(decodeURIComponent);
+  try {
+    if (parts[0] === "queues" && parts[1]) await showQueue(parts[1], params);
+    else if (parts[0] === "jobs" && parts[1]) await showJob(Number(parts[1]));
+    else if (parts[0] === "spark") await showSpark();
+    else await showQueues();
+  } catch (error) {
+    if (error.message !== "signed out") view.innerHTML = `<p class="error">Could not load this page: ${esc(error.message)}</p>`;
+  }
+}
+
+document.getElementById("sign-out").addEventListener("click", event => {
+  event.preventDefault();
+  sessionStorage.removeItem("outboxq_token");
+  say("");
+  route();
+});
+window.addEventListener("hashchange", () => { say(""); route(); });
+route();

@@ -1,0 +1,1 @@
+"""Alembic migrations of the outboxq schema (app/queue/schema.py is their source)."""

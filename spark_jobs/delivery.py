@@ -1,0 +1,401 @@
+"""The exactly-once core of the Spark consumers, in plain psycopg (no Spark import: tests drive it directly).
+
+The order of the protocol (Cues' algorithm with Gazette's fence, adapted to PostgreSQL):
+
+1. ``register_processor`` bumps the processor's epoch: any older driver (a zombie) is fenced from now on.
+2. ``recover_snapshots`` finds the processor's own undelivered snapshots and takes their jobs back.
+3. ``claim_snapshot`` claims a batch under a lease and commits its snapshot (job ids + delivery hash)
+   before anything is processed.
+4. ``deliver`` writes the results with the delivery hash, marks the snapshot delivered and completes the
+   jobs, in one transaction fenced by the epoch and the lease; ``fail_snapshot`` records a failed batch.
+
+``on_step`` hooks name the points where a crash matters; tests raise from them to simulate one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import traceback as traceback_module
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import sql as pgsql
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from app.errors import InvalidInput, LeaseLost, OutboxqError
+from app.queue import spark_sql
+from app.queue import sql as job_sql
+from app.queue.backoff import RetryPolicy
+
+log = logging.getLogger("outboxq.spark")
+
+OUTPUT_TABLE_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+DELIVERY_HASH_COLUMN = "delivery_hash"
+
+# The steps at which the consumer calls its on_step hook (where a crash is worth testing).
+STEP_AFTER_SNAPSHOT = "after_snapshot"
+STEP_DURING_PROCESSING = "during_processing"
+STEP_AFTER_WRITE = "after_write"
+STEP_AFTER_COMMIT = "after_commit"
+
+StepHook = Callable[[str], None]
+
+
+def _no_hook(step: str) -> None:
+    return None
+
+
+class DeliveryFenced(LeaseLost):
+    """A claim or delivery was refused: a newer epoch of the processor exists, or the lease was lost."""
+
+
+class OutputTableMismatch(OutboxqError):
+    """The output table exists but lacks columns the results (or the delivery hash) need."""
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotJob:
+    """One claimed job: row_json is its payload with job_id and queue, None if it is not a JSON object."""
+
+    id: int
+    queue: str
+    attempts: int
+    max_attempts: int | None
+    row_json: str | None
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """A claimed batch, recorded before processing: what a delivery (or a recovery) works on."""
+
+    id: int
+    processor_id: str
+    queue: str
+    epoch: int
+    job_ids: list[int]
+    lease_token: uuid.UUID
+    delivery_hash: str
+    output_table: str
+    jobs: list[SnapshotJob] = field(default_factory=list)
+    recovered: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryResult:
+    """What one delivery wrote: result rows, completed jobs, failed (or error-queued) jobs."""
+
+    snapshot_id: int
+    delivery_hash: str
+    rows_written: int
+    jobs_completed: int
+    jobs_failed: int
+
+
+def delivery_hash(processor_id: str, job_ids: Iterable[int]) -> str:
+    """The stable hash of (processor id, sorted job ids): the same for every attempt at the same batch."""
+    text = processor_id + "\n" + ",".join(str(i) for i in sorted(set(int(i) for i in job_ids)))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def validate_output_table(name: str) -> str:
+    """The output table name, or InvalidInput (a plain identifier of at most 63 characters)."""
+    if not isinstance(name, str) or not OUTPUT_TABLE_PATTERN.fullmatch(name):
+        raise InvalidInput(f"invalid output table {name!r}: use a letter or _ then up to 62 of A-Z a-z 0-9 _")
+    return name
+
+
+def register_processor(conn: psycopg.Connection, processor_id: str) -> int:
+    """Bump the processor's fencing epoch (committed) and return it; older epochs are fenced from now on."""
+    with conn.transaction():
+        row = _execute(conn, spark_sql.spark_processor_bump_epoch, {"processor_id": processor_id}).fetchone()
+    return int(row["epoch"])
+
+
+def _check_epoch(conn: psycopg.Connection, processor_id: str, epoch: int) -> None:
+    row = _execute(conn, spark_sql.spark_processor_lock_epoch, {"processor_id": processor_id}).fetchone()
+    current = None if row is None else int(row["epoch"])
+    if current != epoch:
+        raise DeliveryFenced(
+            f"processor {processor_id!r} epoch {epoch} is fenced: a newer driver started (epoch {current})"
+        )
+
+
+def _execute(conn: psycopg.Connection, query: Any, params: Mapping[str, Any] | None = None) -> psycopg.Cursor:
+    """Run a statement on a dict-row cursor, whatever the connection's own row factory is."""
+    return conn.cursor(row_factory=dict_row).execute(query, params)
+
+
+def _jobs_from_rows(rows: Iterable[Mapping[str, Any]]) -> list[SnapshotJob]:
+    jobs = [SnapshotJob(int(r["id"]), r["queue"], int(r["attempts"]), r["max_attempts"], r["row_json"])
+            for r in rows]
+    return sorted(jobs, key=lambda j: j.id)
+
+
+def claim_snapshot(
+    conn: psycopg.Connection,
+    *,
+    processor_id: str,
+    epoch: int,
+    queue: str,
+    output_table: str,
+    batch_size: int,
+    lease_s: float,
+    default_max_attempts: int,
+    on_step: StepHook = _no_hook,
+) -> Snapshot | None:
+    """Claim up to batch_size due jobs under one lease and commit their snapshot; None when none are due."""
+    validate_output_table(output_table)
+    lease_token = uuid.uuid4()
+    with conn.transaction():
+        _check_epoch(conn, processor_id, epoch)
+        rows = _execute(conn, spark_sql.spark_jobs_claim, {
+            "queue": queue, "limit": batch_size, "lease_token": lease_token, "lease_s": lease_s,
+            "worker_id": processor_id, "default_max_attempts": default_max_attempts,
+        }).fetchall()
+        if not rows:
+            return None
+        jobs = _jobs_from_rows(rows)
+        job_ids = [j.id for j in jobs]
+        hash_ = delivery_hash(processor_id, job_ids)
+        inserted = _execute(conn, spark_sql.spark_snapshot_insert, {
+            "processor_id": processor_id, "queue": queue, "epoch": epoch, "job_ids": Jsonb(job_ids),
+            "lease_token": lease_token, "delivery_hash": hash_, "output_table": output_table,
+        }).fetchone()
+        if inserted is None:
+            # Exactly these jobs were already delivered by this processor (an admin re-ran finished jobs):
+            # their results are in the output table once, so they complete without a second delivery.
+            log.warning("spark: jobs %s were already delivered under %s; completing them", job_ids, hash_)
+            _execute(conn, job_sql.job_complete_batch, {"ids": job_ids, "lease_tokens": [lease_token] * len(job_ids)})
+            return None
+    snapshot = Snapshot(
+        id=int(inserted["id"]), processor_id=processor_id, queue=queue, epoch=epoch, job_ids=job_ids,
+        lease_token=lease_token, delivery_hash=hash_, output_table=output_table, jobs=jobs,
+    )
+    on_step(STEP_AFTER_SNAPSHOT)
+    return snapshot
+
+
+def recover_snapshots(
+    conn: psycopg.Connection,
+    *,
+    processor_id: str,
+    epoch: int,
+    lease_s: float,
+    default_max_attempts: int,
+) -> list[Snapshot]:
+    """The processor's undelivered snapshots, their jobs taken back under the same lease (idempotent).
+
+    A snapshot some of whose jobs finished or were taken by another consumer meanwhile (its lease expired
+    and was rescued) cannot be delivered as it was claimed: it is marked failed and the jobs it still holds
+    go back to the queue, so a batch is never split or merged.
+    """
+    recovered = []
+    with conn.transaction():
+        _check_epoch(conn, processor_id, epoch)
+        snapshots = _execute(conn, spark_sql.spark_snapshot_list_undelivered,
+                                 {"processor_id": processor_id}).fetchall()
+        for row in snapshots:
+            job_ids = [int(i) for i in row["job_ids"]]
+            params = {"ids": job_ids, "lease_token": row["lease_token"], "lease_s": lease_s,
+                      "worker_id": processor_id, "default_max_attempts": default_max_attempts}
+            held = _execute(conn, spark_sql.spark_jobs_relock_for_snapshot, params).fetchall()
+            if len(held) != len(job_ids):
+                lost = sorted(set(job_ids) - {int(r["id"]) for r in held})
+                error = f"abandoned: jobs {lost} finished or were taken over before this snapshot was delivered"
+                log.warning("spark: snapshot %s %s", row["id"], error)
+                _execute(conn, spark_sql.spark_jobs_release, params)
+                _execute(conn, spark_sql.spark_snapshot_mark_failed,
+                             {"id": row["id"], "lease_token": row["lease_token"], "error": error, "epoch": epoch})
+                continue
+            jobs = _jobs_from_rows(_execute(conn, spark_sql.spark_jobs_read_for_snapshot, params).fetchall())
+            recovered.append(Snapshot(
+                id=int(row["id"]), processor_id=processor_id, queue=row["queue"], epoch=int(row["epoch"]),
+                job_ids=job_ids, lease_token=row["lease_token"], delivery_hash=row["delivery_hash"],
+                output_table=row["output_table"], jobs=jobs, recovered=True,
+            ))
+    return recovered
+
+
+def extend_lease(conn: psycopg.Connection, snapshot: Snapshot, lease_s: float) -> None:
+    """Renew the lease of the snapshot's jobs (committed): a long Spark run keeps its jobs."""
+    with conn.transaction():
+        _execute(conn, spark_sql.spark_jobs_extend_lease,
+                     {"ids": snapshot.job_ids, "lease_token": snapshot.lease_token, "lease_s": lease_s})
+
+
+def _postgres_value(value: Any, postgres_type: str) -> Any:
+    if value is None:
+        return None
+    if postgres_type == "jsonb":
+        return Jsonb(_plain(value))
+    return value
+
+
+def _plain(value: Any) -> Any:
+    as_dict = getattr(value, "asDict", None)
+    if callable(as_dict):  # a Spark Row (struct)
+        value = as_dict(recursive=True)
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, bytes | bytearray):
+        return value.hex()
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    if type(value).__name__ == "Decimal":
+        return str(value)
+    return value
+
+
+def ensure_output_table(conn: psycopg.Connection, table: str, columns: Sequence[tuple[str, str]]) -> None:
+    """Create the output table from the result columns plus delivery_hash, or check the existing one."""
+    validate_output_table(table)
+    _execute(conn, spark_sql.spark_output_table_lock, {"table": table})
+    existing = [r["name"] for r in _execute(conn, spark_sql.spark_output_table_columns, {"table": table})]
+    wanted = [name for name, _ in columns] + [DELIVERY_HASH_COLUMN]
+    if existing:
+        missing = [name for name in wanted if name not in existing]
+        if missing:
+            raise OutputTableMismatch(f"output table {table!r} exists without the columns {missing}")
+        return
+    if any(name == DELIVERY_HASH_COLUMN for name, _ in columns):
+        raise OutputTableMismatch(f"the results may not have a column named {DELIVERY_HASH_COLUMN!r}")
+    definitions = [pgsql.SQL("{} {}").format(pgsql.Identifier(name), pgsql.SQL(postgres_type))
+                   for name, postgres_type in columns]
+    definitions.append(pgsql.SQL("{} text NOT NULL").format(pgsql.Identifier(DELIVERY_HASH_COLUMN)))
+    conn.execute(pgsql.SQL("CREATE TABLE {} ({})").format(pgsql.Identifier(table), pgsql.SQL(", ").join(definitions)))
+    conn.execute(pgsql.SQL("CREATE INDEX {} ON {} ({})").format(
+        pgsql.Identifier(f"{table[:40]}_delivery_hash_idx"), pgsql.Identifier(table),
+        pgsql.Identifier(DELIVERY_HASH_COLUMN)))
+
+
+def deliver(
+    conn: psycopg.Connection,
+    snapshot: Snapshot,
+    *,
+    epoch: int,
+    columns: Sequence[tuple[str, str]],
+    rows: Iterable[Sequence[Any]],
+    failed_jobs: Mapping[int, str] | None = None,
+    error_queue: str | None = None,
+    retry_policy: RetryPolicy | None = None,
+    on_step: StepHook = _no_hook,
+) -> DeliveryResult:
+    """Deliver a snapshot in ONE transaction: results + delivery hash, snapshot delivered, jobs completed.
+
+    ``columns`` are (name, PostgreSQL type) of the result rows. Jobs in ``failed_jobs`` (id -> error) are
+    failed in the same transaction: retried per the backoff (dead when out of attempts), or, with an
+    ``error_queue``, moved there as a handled error. Raises DeliveryFenced, writing nothing, when the
+    processor's epoch moved on (a zombie driver), the snapshot was delivered already, or a job's lease was
+    lost.
+    """
+    failed_jobs = dict(failed_jobs or {})
+    good_ids = [i for i in snapshot.job_ids if i not in failed_jobs]
+    types = [postgres_type for _, postgres_type in columns]
+    with conn.transaction():
+        _check_epoch(conn, snapshot.processor_id, epoch)
+        locked = _execute(conn, spark_sql.spark_snapshot_lock_claimed,
+                          {"id": snapshot.id, "lease_token": snapshot.lease_token}).fetchone()
+        if locked is None:
+            raise DeliveryFenced(f"snapshot {snapshot.id} ({snapshot.delivery_hash[:12]}) is no longer "
+                                 "claimed by this lease: it was delivered, failed or taken over")
+        ensure_output_table(conn, snapshot.output_table, columns)
+        names = [pgsql.Identifier(name) for name, _ in columns] + [pgsql.Identifier(DELIVERY_HASH_COLUMN)]
+        copy_sql = pgsql.SQL("COPY {} ({}) FROM STDIN").format(
+            pgsql.Identifier(snapshot.output_table), pgsql.SQL(", ").join(names))
+        rows_written = 0
+        with conn.cursor() as cur, cur.copy(copy_sql) as copy:
+            for row in rows:
+                copy.write_row([_postgres_value(v, t) for v, t in zip(row, types, strict=True)]
+                               + [snapshot.delivery_hash])
+                rows_written += 1
+        _execute(conn, spark_sql.spark_snapshot_mark_delivered, {
+            "id": snapshot.id, "lease_token": snapshot.lease_token, "epoch": epoch,
+            "rows_written": rows_written, "error": _failed_summary(failed_jobs),
+        })
+        completed = [r for r in _execute(conn, job_sql.job_complete_batch, {
+            "ids": good_ids, "lease_tokens": [snapshot.lease_token] * len(good_ids)}).fetchall()
+            if r["id"] is not None]
+        if len(completed) != len(good_ids):
+            raise DeliveryFenced(f"snapshot {snapshot.id}: {len(good_ids) - len(completed)} of its jobs lost "
+                                 "their lease; nothing was delivered")
+        failed_count = _fail_jobs(conn, snapshot, failed_jobs, error_queue=error_queue,
+                                  retry_policy=retry_policy, traceback=None)
+        if good_ids:
+            _execute(conn, job_sql.queue_mark_healthy, {"queue": snapshot.queue})
+        on_step(STEP_AFTER_WRITE)
+    on_step(STEP_AFTER_COMMIT)
+    return DeliveryResult(snapshot.id, snapshot.delivery_hash, rows_written, len(completed), failed_count)
+
+
+def _failed_summary(failed_jobs: Mapping[int, str]) -> str | None:
+    if not failed_jobs:
+        return None
+    first = sorted(failed_jobs.items())[:3]
+    details = "; ".join(f"job {job_id}: {error}" for job_id, error in first)
+    more = f" (and {len(failed_jobs) - len(first)} more)" if len(failed_jobs) > len(first) else ""
+    return f"{len(failed_jobs)} job(s) failed: {details}{more}"
+
+
+def _fail_jobs(
+    conn: psycopg.Connection,
+    snapshot: Snapshot,
+    failed_jobs: Mapping[int, str],
+    *,
+    error_queue: str | None,
+    retry_policy: RetryPolicy | None,
+    traceback: str | None,
+) -> int:
+    if not failed_jobs:
+        return 0
+    ids = sorted(failed_jobs)
+    params: dict[str, Any] = {"ids": ids, "errors": [failed_jobs[i][:10_000] for i in ids],
+                              "lease_token": snapshot.lease_token}
+    if error_queue:
+        _execute(conn, spark_sql.spark_error_queue_insert,
+                     {**params, "error_queue": error_queue, "delivery_hash": snapshot.delivery_hash})
+        changed = _execute(conn, spark_sql.spark_jobs_mark_dead, params).fetchall()
+    else:
+        policy = retry_policy or RetryPolicy()
+        changed = _execute(conn, spark_sql.spark_jobs_fail, {
+            **params, "traceback": traceback, "backoff_base": policy.backoff_base,
+            "backoff_max": policy.backoff_max, "jitter": policy.jitter,
+        }).fetchall()
+    if len(changed) != len(ids):
+        raise DeliveryFenced(f"snapshot {snapshot.id}: {len(ids) - len(changed)} failed jobs lost their lease")
+    return len(changed)
+
+
+def fail_snapshot(
+    conn: psycopg.Connection,
+    snapshot: Snapshot,
+    *,
+    epoch: int,
+    error: str,
+    traceback: str | None = None,
+    retry_policy: RetryPolicy | None = None,
+) -> int:
+    """Record a batch the processor could not handle: every job fails with the error (retry or dead)."""
+    with conn.transaction():
+        _check_epoch(conn, snapshot.processor_id, epoch)
+        marked = _execute(conn, spark_sql.spark_snapshot_mark_failed, {
+            "id": snapshot.id, "lease_token": snapshot.lease_token, "error": error[:10_000], "epoch": epoch,
+        }).fetchone()
+        if marked is None:
+            raise DeliveryFenced(f"snapshot {snapshot.id} is no longer claimed by this lease")
+        return _fail_jobs(conn, snapshot, dict.fromkeys(snapshot.job_ids, error), error_queue=None,
+                          retry_policy=retry_policy, traceback=traceback)
+
+
+def describe_exception(exc: BaseException) -> tuple[str, str]:
+    """(one-line message, traceback text) of an exception, for jobs' last_error and history."""
+    message = f"{type(exc).__name__}: {exc}".strip()
+    first_line = message.splitlines()[0] if message else type(exc).__name__
+    return first_line[:2000], "".join(traceback_module.format_exception(exc))[-20_000:]

@@ -1,0 +1,89 @@
+"""Handlers and helpers for the runtime tests (subprocess workers import this with `--handlers`)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+import time
+from contextvars import ContextVar
+
+import psycopg
+import pytest
+
+from workers import JobContext, consumer
+from workers import registry as registry_module
+
+# app.queue re-exports the enqueue function under the submodule's name.
+enqueue_module = importlib.import_module("app.queue.enqueue")
+
+# A context variable captured at enqueue (configured by the context-propagation tests).
+request_id: ContextVar[str] = ContextVar("request_id")
+REQUEST_ID_VAR = f"{__name__}:request_id"
+
+RUNS_DDL = (
+    "CREATE TABLE IF NOT EXISTS test_runtime_runs "
+    "(job_id bigint, attempt int, pid int, note text, at timestamptz DEFAULT clock_timestamp())"
+)
+# No unique constraint on purpose: a duplicated effect must show as two rows.
+EFFECTS_DDL = "CREATE TABLE IF NOT EXISTS test_effects (job_id bigint, attempt int, pid int)"
+
+_local = threading.local()
+
+
+def log_run(ctx: JobContext, note: str) -> None:
+    """Record one execution outside the job's transaction (autocommit), so every run shows, even a killed one."""
+    conn = getattr(_local, "conn", None)
+    if conn is None or conn.closed:
+        conn = _local.conn = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True)
+    conn.execute("INSERT INTO test_runtime_runs (job_id, attempt, pid, note) VALUES (%s, %s, %s, %s)",
+                 (ctx.job_id, ctx.attempt, os.getpid(), note))
+
+
+@consumer("kill_effects", lease_s=1.0)
+def write_effect_then_hang_on_first_attempt(payload: dict, ctx: JobContext) -> None:
+    """Writes its effect in ctx.transaction(); the first attempt hangs inside it (to be SIGKILLed)."""
+    log_run(ctx, "started")
+    with ctx.transaction() as conn:
+        conn.execute("INSERT INTO test_effects (job_id, attempt, pid) VALUES (%s, %s, %s)",
+                     (ctx.job_id, ctx.attempt, os.getpid()))
+        if ctx.attempt == 1:
+            time.sleep(120)
+
+
+@consumer("kill_plain", lease_s=1.0)
+def hang_on_first_attempt(payload: dict, ctx: JobContext) -> None:
+    """The first attempt hangs (to be SIGKILLed); later attempts return at once."""
+    log_run(ctx, "started")
+    if ctx.attempt == 1:
+        time.sleep(120)
+    log_run(ctx, "finished")
+
+
+def wait_for(predicate, timeout: float = 30.0, interval: float = 0.02):
+    """Poll `predicate` until it returns something truthy (returned), or fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout} s")
+
+
+def status_of(url: str, job_id: int) -> str:
+    """The job's status, read on a fresh connection."""
+    with psycopg.connect(url) as c:
+        return c.execute("SELECT status FROM outboxq_jobs WHERE id = %s", (job_id,)).fetchone()[0]
+
+
+@pytest.fixture(autouse=True)
+def isolated_registry():
+    """Consumers registered by a test (and their enqueue hooks) are forgotten after it."""
+    consumers = dict(registry_module._consumers)
+    hooks = dict(enqueue_module._payload_hooks)
+    yield
+    registry_module._consumers.clear()
+    registry_module._consumers.update(consumers)
+    enqueue_module._payload_hooks.clear()
+    enqueue_module._payload_hooks.update(hooks)

@@ -1,0 +1,214 @@
+"""HTTP API: enqueue (one, batch, idempotent), read, list, and every bad input answering 4xx with nothing written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.api_support import api_client, count, job_count
+
+
+@pytest.fixture
+def api(db_url):
+    with api_client(db_url, max_payload_bytes=2000, max_batch_jobs=5) as client:
+        yield client
+
+
+def test_enqueue_returns_201_with_the_job_and_get_reads_it(api, db_url):
+    r = api.post("/v1/queues/emails/jobs", json={"payload": {"to": "a@b.c"}, "key": "k1", "priority": 3,
+                                                  "max_attempts": 4, "delay_seconds": 60})
+    assert r.status_code == 201, r.text
+    job = r.json()
+    assert job["queue"] == "emails" and job["key"] == "k1" and job["status"] == "queued"
+    assert job["payload"] == {"to": "a@b.c"} and job["priority"] == 3 and job["max_attempts"] == 4
+    got = api.get(f"/v1/jobs/{job['id']}")
+    assert got.status_code == 200
+    for field in ("id", "queue", "key", "status", "payload", "attempts", "max_attempts", "priority", "run_at",
+                  "last_error", "created_at", "started_at", "finished_at"):
+        assert field in got.json()
+    assert got.json()["payload"] == {"to": "a@b.c"}
+    assert job_count(db_url) == 1
+
+
+def test_unknown_job_is_404_with_an_error_body(api):
+    r = api.get("/v1/jobs/999999")
+    assert r.status_code == 404
+    assert r.json()["error"]["code"] == "job_not_found"
+
+
+def test_idempotency_key_same_body_answers_200_with_the_same_job_and_writes_nothing(api, db_url):
+    body = {"payload": {"n": 1}}
+    first = api.post("/v1/queues/q/jobs", json=body, headers={"Idempotency-Key": "abc"})
+    again = api.post("/v1/queues/q/jobs", json=body, headers={"Idempotency-Key": "abc"})
+    assert first.status_code == 201 and again.status_code == 200
+    assert again.json() == first.json()
+    assert job_count(db_url) == 1
+    assert count(db_url, "SELECT count(*) FROM outboxq_idempotency_keys") == 1
+
+
+def test_idempotency_key_with_another_body_is_409_and_writes_nothing(api, db_url):
+    assert api.post("/v1/queues/q/jobs", json={"payload": 1}, headers={"Idempotency-Key": "k"}).status_code == 201
+    r = api.post("/v1/queues/q/jobs", json={"payload": 2}, headers={"Idempotency-Key": "k"})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "idempotency_key_reused"
+    assert job_count(db_url) == 1
+
+
+def test_idempotency_key_is_not_stored_when_the_write_fails(api, db_url):
+    assert api.post("/v1/queues/q/jobs", json={"payload": 1, "key": "dup"}).status_code == 201
+    r = api.post("/v1/queues/q/jobs", json={"payload": 1, "key": "dup"}, headers={"Idempotency-Key": "x"})
+    assert r.status_code == 409
+    assert count(db_url, "SELECT count(*) FROM outboxq_idempotency_keys") == 0
+
+
+def test_batch_writes_every_job_in_request_order(api, db_url):
+    r = api.post("/v1/queues/q/jobs/batch", json={"jobs": [{"payload": i, "key": f"k{i}"} for i in range(5)]})
+    assert r.status_code == 201, r.text
+    assert [j["payload"] for j in r.json()["jobs"]] == [0, 1, 2, 3, 4]
+    assert job_count(db_url) == 5
+
+
+def test_batch_with_per_job_options_and_a_dependency_on_an_earlier_job(api, db_url):
+    r = api.post("/v1/queues/q/jobs/batch", json={"jobs": [
+        {"payload": "a", "key": "a"},
+        {"payload": "b", "key": "b", "priority": 5, "depends_on": [{"queue": "q", "key": "a"}]},
+    ]})
+    assert r.status_code == 201, r.text
+    assert [j["status"] for j in r.json()["jobs"]] == ["queued", "waiting"]
+
+
+@pytest.mark.parametrize("jobs", [
+    [{"payload": 1, "key": "same"}, {"payload": 2, "key": "same"}],  # duplicate within the batch
+    [{"payload": 1}, {"payload": 2, "depends_on": [{"queue": "q", "key": "missing"}]}],  # unknown dependency
+    [{"payload": 1}, {"payload": "x" * 3000}],  # one payload over the limit
+    [{"payload": 1}, {"payload": 2, "bogus": True}],  # unknown field
+    [{"payload": i} for i in range(6)],  # over max_batch_jobs
+])
+def test_batch_is_all_or_nothing(api, db_url, jobs):
+    r = api.post("/v1/queues/q/jobs/batch", json={"jobs": jobs})
+    assert 400 <= r.status_code < 500, r.text
+    assert r.json()["error"]["message"]
+    assert job_count(db_url) == 0
+
+
+def test_batch_with_a_key_that_already_exists_writes_none_of_its_jobs(api, db_url):
+    assert api.post("/v1/queues/q/jobs", json={"payload": 0, "key": "taken"}).status_code == 201
+    r = api.post("/v1/queues/q/jobs/batch", json={"jobs": [{"payload": 1, "key": "new"},
+                                                            {"payload": 2, "key": "taken"}]})
+    assert r.status_code == 409
+    assert job_count(db_url) == 1
+
+
+BAD_INPUTS = [
+    # (description, request kwargs, expected status, words the message must hold)
+    ("malformed JSON", {"content": b'{"payload": ', "headers": {"Content-Type": "application/json"}}, 400, "JSON"),
+    ("not an object", {"json": [1, 2]}, 422, "body"),
+    ("missing payload", {"json": {"key": "k"}}, 422, "payload"),
+    ("wrong type of priority", {"json": {"payload": 1, "priority": "high"}}, 422, "priority"),
+    ("priority out of range", {"json": {"payload": 1, "priority": 99999}}, 422, "priority"),
+    ("wrong type of depends_on", {"json": {"payload": 1, "depends_on": "q:k"}}, 422, "depends_on"),
+    ("unknown field", {"json": {"payload": 1, "colour": "red"}}, 422, "colour"),
+    ("naive run_at", {"json": {"payload": 1, "run_at": "2030-01-01T00:00:00"}}, 422, "run_at"),
+    ("run_at and delay", {"json": {"payload": 1, "run_at": "2030-01-01T00:00:00Z", "delay_seconds": 5}}, 422,
+     "delay"),
+    ("negative delay", {"json": {"payload": 1, "delay_seconds": -1}}, 422, "delay_seconds"),
+    ("empty key", {"json": {"payload": 1, "key": ""}}, 422, "key"),
+    ("NUL character in the key", {"json": {"payload": 1, "key": "a\x00b"}}, 422, "key"),
+    ("NUL character in the payload", {"json": {"payload": {"a": "x\x00y"}}}, 422, ""),
+    ("lone surrogate in the payload", {"content": b'{"payload": "\\ud800"}',
+                                       "headers": {"Content-Type": "application/json"}}, 422, "rejected"),
+    ("NaN in the payload", {"content": b'{"payload": NaN}', "headers": {"Content-Type": "application/json"}},
+     422, "JSON"),
+    ("unknown dependency", {"json": {"payload": 1, "depends_on": [{"queue": "q", "key": "nope"}]}}, 422, "nope"),
+    ("payload over the limit", {"json": {"payload": "x" * 3000}}, 413, "limit"),
+    ("request body over the limit", {"content": b'{"payload": "' + b"x" * 400_000 + b'"}',
+                                      "headers": {"Content-Type": "application/json"}}, 413, "bytes"),
+]
+
+
+@pytest.mark.parametrize("description,kwargs,status,words", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+def test_bad_input_answers_4xx_with_a_message_and_writes_nothing(api, db_url, description, kwargs, status, words):
+    r = api.post("/v1/queues/q/jobs", **kwargs)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["code"] and error["message"]
+    assert words.lower() in error["message"].lower()
+    assert job_count(db_url) == 0
+
+
+@pytest.mark.parametrize("queue", ["has space", "x" * 129, "semi;colon", "ümlaut"])
+def test_bad_queue_name_is_422_and_writes_nothing(api, db_url, queue):
+    r = api.post(f"/v1/queues/{queue}/jobs", json={"payload": 1})
+    assert r.status_code == 422, r.text
+    assert "queue" in r.json()["error"]["message"]
+    assert job_count(db_url) == 0
+
+
+def test_duplicate_key_is_409_and_keeps_the_first_job(api, db_url):
+    assert api.post("/v1/queues/q/jobs", json={"payload": 1, "key": "k"}).status_code == 201
+    r = api.post("/v1/queues/q/jobs", json={"payload": 2, "key": "k"})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "duplicate_job"
+    assert "k" in r.json()["error"]["message"]
+    assert job_count(db_url) == 1
+
+
+def test_listing_pages_through_a_queue_in_enqueue_order(api):
+    ids = [api.post("/v1/queues/q/jobs", json={"payload": i}).json()["id"] for i in range(7)]
+    api.post("/v1/queues/other/jobs", json={"payload": "not listed"})
+    seen, marker = [], None
+    while True:
+        params = {"limit": 3, **({"marker": marker} if marker else {})}
+        page = api.get("/v1/queues/q/jobs", params=params).json()
+        assert all(item["marker"] for item in page["items"])
+        seen += [item["id"] for item in page["items"]]
+        if not page["next_marker"]:
+            break
+        marker = page["next_marker"]
+    assert seen == ids
+
+
+def test_listing_filters_by_status(api, db_url):
+    ids = [api.post("/v1/queues/q/jobs", json={"payload": i}).json()["id"] for i in range(3)]
+    count(db_url, "WITH u AS (UPDATE outboxq_jobs SET status = 'dead' WHERE id = %s RETURNING 1) "
+                  "SELECT count(*) FROM u", (ids[1],))
+    page = api.get("/v1/queues/q/jobs", params={"status": "dead"}).json()
+    assert [i["id"] for i in page["items"]] == [ids[1]]
+    assert api.get("/v1/queues/q/jobs", params={"status": "sleeping"}).status_code == 422
+
+
+@pytest.mark.parametrize("params", [{"limit": 0}, {"limit": 1001}, {"limit": "many"}])
+def test_listing_rejects_a_bad_limit(api, params):
+    r = api.get("/v1/queues/q/jobs", params=params)
+    assert r.status_code == 422 and "limit" in r.json()["error"]["message"]
+
+
+def test_tampered_or_foreign_marker_is_400(api):
+    for i in range(2):
+        api.post("/v1/queues/q/jobs", json={"payload": i})
+    marker = api.get("/v1/queues/q/jobs", params={"limit": 1}).json()["next_marker"]
+    assert api.get("/v1/queues/q/jobs", params={"marker": marker}).status_code == 200
+    flipped = marker[:5] + ("A" if marker[5] != "A" else "B") + marker[6:]
+    for bad in [flipped, marker + "A", marker[:-2], "1.0.0", "not-a-marker", "%%%"]:
+        r = api.get("/v1/queues/q/jobs", params={"marker": bad})
+        assert r.status_code == 400, (bad, r.text)
+        assert r.json()["error"]["code"] == "invalid_marker"
+    # a marker of queue q is not accepted for another queue
+    assert api.get("/v1/queues/other/jobs", params={"marker": marker}).status_code == 400
+
+
+def test_a_marker_stays_valid_for_another_app_with_the_same_secret(db_url):
+    with api_client(db_url) as first:
+        for i in range(2):
+            first.post("/v1/queues/q/jobs", json={"payload": i})
+        page = first.get("/v1/queues/q/jobs", params={"limit": 1}).json()
+    with api_client(db_url) as second:
+        rest = second.get("/v1/queues/q/jobs", params={"marker": page["next_marker"]}).json()
+    assert [i["payload"] for i in page["items"] + rest["items"]] == [0, 1]
+
+
+def test_job_json_round_trips_unicode_payloads(api):
+    payload = {"text": "żółć ✓ 日本", "nested": [1, 2.5, None, True, {"k": "v"}]}
+    r = api.post("/v1/queues/q/jobs", content=json.dumps(payload and {"payload": payload}).encode(),
+                 headers={"Content-Type": "application/json"})
+    assert r.status_code == 201
+    assert api.get(f"/v1/jobs/{r.json()['id']}").json()["payload"] == payload

@@ -1,0 +1,188 @@
+"""HTTP API: the orders outbox endpoint, queues, errors, admin operations, stats, health, readiness, metrics."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from tests.api_support import api_client, count, job_count
+
+
+@pytest.fixture
+def api(db_url):
+    with api_client(db_url, raise_server_exceptions=False) as client:
+        yield client
+
+
+def order_count(db_url):
+    return count(db_url, "SELECT count(*) FROM orders")
+
+
+def _make(db_url, job_id, status, error="boom"):
+    with psycopg.connect(db_url) as conn:
+        conn.execute("UPDATE outboxq_jobs SET status = %s, last_error = %s, attempts = 3 WHERE id = %s",
+                     (status, error, job_id))
+
+
+def test_order_writes_the_order_and_its_confirmation_job_together(api, db_url):
+    r = api.post("/v1/orders", json={"customer": "ada", "amount": "12.50"})
+    assert r.status_code == 201, r.text
+    body = r.json()
+    job = api.get(f"/v1/jobs/{body['job_id']}").json()
+    assert job["queue"] == "order-confirmation" and job["key"] == f"order-{body['order_id']}"
+    assert job["payload"] == {"order_id": body["order_id"], "customer": "ada", "amount": "12.50"}
+    assert order_count(db_url) == 1 and job_count(db_url) == 1
+
+
+@pytest.mark.parametrize("body", [
+    {"customer": "ada", "amount": -1},
+    {"customer": "ada", "amount": "1.234"},
+    {"customer": "ada", "amount": "lots"},
+    {"customer": "", "amount": 1},
+    {"amount": 1},
+    {"customer": "ada", "amount": 1, "note": "unknown field"},
+    {"customer": "a\x00da", "amount": 1},
+    {"customer": "ada", "amount": 10**13},
+])
+def test_bad_order_input_writes_neither_order_nor_job(api, db_url, body):
+    r = api.post("/v1/orders", json=body)
+    assert 400 <= r.status_code < 500, r.text
+    assert r.json()["error"]["message"]
+    assert order_count(db_url) == 0 and job_count(db_url) == 0
+
+
+def test_a_failing_enqueue_rolls_the_order_back(api, db_url):
+    # The first order gets id 1; a confirmation job with its key already exists, so the enqueue fails.
+    assert api.post("/v1/queues/order-confirmation/jobs", json={"payload": "x", "key": "order-1"}).status_code == 201
+    r = api.post("/v1/orders", json={"customer": "ada", "amount": 5})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "duplicate_job"
+    assert order_count(db_url) == 0 and job_count(db_url) == 1
+
+
+def test_a_database_error_in_the_enqueue_rolls_the_order_back(api, db_url):
+    with psycopg.connect(db_url) as conn:  # force the job INSERT to fail inside PostgreSQL
+        conn.execute("""
+            CREATE FUNCTION refuse_jobs() RETURNS trigger LANGUAGE plpgsql AS
+            $$ BEGIN RAISE EXCEPTION 'forced failure'; END $$;
+            CREATE TRIGGER refuse_jobs BEFORE INSERT ON outboxq_jobs FOR EACH ROW EXECUTE FUNCTION refuse_jobs();
+        """)
+    r = api.post("/v1/orders", json={"customer": "ada", "amount": 5})
+    assert r.status_code == 500 and r.json()["error"]["code"] == "internal_error"
+    assert "forced failure" not in r.text
+    assert order_count(db_url) == 0 and job_count(db_url) == 0
+
+
+def test_order_idempotency_key(api, db_url):
+    body = {"customer": "ada", "amount": 3}
+    first = api.post("/v1/orders", json=body, headers={"Idempotency-Key": "o-1"})
+    again = api.post("/v1/orders", json=body, headers={"Idempotency-Key": "o-1"})
+    assert (first.status_code, again.status_code) == (201, 200) and first.json() == again.json()
+    other = api.post("/v1/orders", json={"customer": "bob", "amount": 3}, headers={"Idempotency-Key": "o-1"})
+    assert other.status_code == 409
+    assert order_count(db_url) == 1 and job_count(db_url) == 1
+
+
+def test_queues_lists_counts_per_status_and_paused(api):
+    api.post("/v1/queues/a/jobs", json={"payload": 1})
+    api.post("/v1/queues/a/jobs", json={"payload": 2})
+    assert api.post("/v1/queues/b/pause").json() == {"queue": "b", "paused": True}
+    queues = {q["queue"]: q for q in api.get("/v1/queues").json()["queues"]}
+    assert queues["a"]["counts"]["queued"] == 2 and queues["a"]["paused"] is False
+    assert queues["b"]["paused"] is True
+    assert api.post("/v1/queues/b/resume").json() == {"queue": "b", "paused": False}
+    assert {q["queue"]: q["paused"] for q in api.get("/v1/queues").json()["queues"]}["b"] is False
+
+
+def test_errors_retry_and_cancel(api, db_url):
+    ids = [api.post("/v1/queues/q/jobs", json={"payload": i}).json()["id"] for i in range(4)]
+    _make(db_url, ids[0], "dead", "it broke")
+    _make(db_url, ids[1], "retrying", "flaky")
+    errors = api.get("/v1/queues/q/errors").json()["items"]
+    assert {(e["id"], e["last_error"]) for e in errors} == {(ids[0], "it broke"), (ids[1], "flaky")}
+    retried = api.post(f"/v1/jobs/{ids[0]}/retry")
+    assert retried.status_code == 200 and retried.json()["status"] == "queued"
+    assert api.post(f"/v1/jobs/{ids[2]}/retry").status_code == 409  # queued: nothing to retry
+    assert api.post("/v1/jobs/987654/retry").status_code == 404
+    assert api.post("/v1/queues/q/retry").json() == {"queue": "q", "retried": 1}
+    cancelled = api.post(f"/v1/jobs/{ids[3]}/cancel")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    assert api.post(f"/v1/jobs/{ids[3]}/cancel").status_code == 409
+    assert api.post("/v1/jobs/987654/cancel").status_code == 404
+
+
+def test_stats_endpoints(api, db_url):
+    job_id = api.post("/v1/queues/q/jobs", json={"payload": 1}).json()["id"]
+    with psycopg.connect(db_url) as conn:
+        conn.execute("UPDATE outboxq_jobs SET status = 'done', attempts = 1, "
+                     "attempt_started_at = now() - interval '2 seconds', finished_at = now() WHERE id = %s",
+                     (job_id,))
+    retries = api.get("/v1/stats/retries", params={"age_days": 1, "queue": "q"})
+    assert retries.status_code == 200, retries.text
+    times = api.get("/v1/stats/processing-time", params={"age_days": 1}).json()["items"]
+    assert times and times[0]["queue"] == "q" and 1500 < times[0]["p50_ms"] < 2500
+    assert api.get("/v1/stats/retries", params={"age_days": -1}).status_code == 422
+    assert api.get("/v1/stats/retries", params={"queue": "bad name"}).status_code == 422
+
+
+def test_health_probes_and_queue_health(api):
+    assert api.get("/healthz").json() == {"status": "ok"}
+    ready = api.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["ready"] is True
+    health = api.get("/v1/health").json()
+    assert health["healthy"] is True and health["queues_in_error"] == []
+
+
+def test_readyz_is_503_while_the_database_is_away(db_url):
+    with api_client(db_url, database_url="postgresql://root@127.0.0.1:1/nowhere?connect_timeout=1") as client:
+        assert client.get("/healthz").status_code == 200
+        ready = client.get("/readyz")
+        assert ready.status_code == 503 and ready.json()["error"]["code"] == "database_unavailable"
+
+
+def test_readyz_is_503_while_the_schema_is_not_current(pg_server_url, db_url):
+    from app.db import url_with_database
+
+    name = db_url.rsplit("/", 1)[1] + "_empty"
+    with psycopg.connect(pg_server_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        with api_client(db_url, database_url=url_with_database(pg_server_url, name)) as client:
+            ready = client.get("/readyz")
+            assert ready.status_code == 503 and ready.json()["error"]["code"] == "schema_out_of_date"
+            assert "outboxq migrate" in ready.json()["error"]["message"]
+    finally:
+        with psycopg.connect(pg_server_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_metrics_are_prometheus_text_without_payloads(api, db_url):
+    job_id = api.post("/v1/queues/m/jobs", json={"payload": {"secret": "do-not-leak"}}).json()["id"]
+    api.post("/v1/queues/m/jobs", json={"payload": 2})
+    with psycopg.connect(db_url) as conn:
+        conn.execute("UPDATE outboxq_jobs SET status = 'done', attempt_started_at = now() - interval '0.2 s', "
+                     "finished_at = now() WHERE id = %s", (job_id,))
+    with api_client(db_url, None) as anonymous:
+        r = anonymous.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    text = r.text
+    assert "do-not-leak" not in text
+    assert 'outboxq_jobs{queue="m",status="queued"} 1' in text
+    assert 'outboxq_queue_depth{queue="m"} 1' in text
+    assert 'outboxq_processing_seconds_bucket{queue="m",le="0.25"} 1' in text
+    assert 'outboxq_processing_seconds_count{queue="m"} 1' in text
+    for line in text.splitlines():
+        assert line.startswith("#") or len(line.rsplit(" ", 1)) == 2
+
+
+def test_metrics_can_require_a_token(db_url):
+    with api_client(db_url, None, metrics_public=False) as client:
+        assert client.get("/metrics").status_code == 401
+        assert client.get("/metrics", headers={"Authorization": "Bearer read-secret-token"}).status_code == 200
+        assert client.get("/metrics", headers={"Authorization": "Bearer enqueue-secret-token"}).status_code == 403
+
+
+def test_spark_routes_validate_input(api):
+    r = api.post("/v1/spark/batches", json={"queue": "q", "processor": "p", "output_table": "bad table"})
+    assert r.status_code == 422 and "output_table" in r.json()["error"]["message"]
+    r = api.post("/v1/spark/batches", json={"queue": "q", "processor": "p", "output_table": "t", "extra": 1})
+    assert r.status_code == 422

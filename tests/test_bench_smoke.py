@@ -1,0 +1,99 @@
+"""A quick run of each `outboxq bench` sub-benchmark with tiny sizes: it works and prints sane numbers.
+
+Speed itself is measured by `outboxq bench`, never asserted here.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from app.bench import claim_plan, ensure_peers_venv, render
+from app.cli import build_parser, main
+
+TINY = [
+    "--jobs", "300", "--enqueue-calls", "40", "--enqueue-many-batches", "1", "--latency-samples", "10",
+    "--latency-gap-ms", "5", "--backlog-jobs", "600", "--finished-jobs", "3000", "--max-seconds", "60",
+    "--quiet", "--no-http",
+]
+
+
+def _run(db_url: str, tmp_path: Path, *extra: str) -> dict:
+    output = tmp_path / "bench.json"
+    code = main(["bench", *extra, *TINY, "--url", db_url, "--output", str(output)])
+    assert code == 0
+    return json.loads(output.read_text())
+
+
+def test_bench_drain_enqueue_latency_produce_sane_numbers(db_url, tmp_path, capsys):
+    results = _run(db_url, tmp_path, "drain", "enqueue", "latency")
+
+    drain = results["summary"]["drain_jobs_per_s"]["outboxq"]
+    assert drain["median"] > 0
+    run = results["runs"]["drain"]["outboxq"][0]
+    assert run["finished"] == run["n"] == 300 and not run["timed_out"]
+    assert run["rss_start_kb"] > 0 and run["rss_end_kb"] > 0
+    assert run["worker_defaults"]["concurrency"] and run["worker_defaults"]["batch_size"]
+
+    enqueue = results["summary"]["enqueue"]["outboxq"]
+    for key in ("enqueue_commit_per_s", "insert_commit_per_s", "enqueue_many_10k_per_s"):
+        assert enqueue[key] > 0
+    assert 0 < enqueue["enqueue_vs_insert"] < 100
+
+    latency = results["summary"]["latency"]["outboxq"]
+    assert latency["samples"] == 10 and latency["missing"] == 0
+    assert 0 < latency["p50_ms"] <= latency["p99_ms"] < 10_000
+
+    printed = capsys.readouterr().out
+    assert "| drain |" in printed and "latency" in printed
+
+
+def test_bench_backlog_checks_the_claim_plan_and_memory(db_url, tmp_path):
+    backlog = _run(db_url, tmp_path, "backlog")["backlog"]
+
+    assert backlog["large"]["finished"] == 600
+    assert backlog["large"]["rss_max_kb"] >= backlog["large"]["rss_start_kb"] > 0
+    plan = backlog["claim_plan"]
+    assert plan["uses_claim_index"] and not plan["seq_scan_on_jobs"], plan
+    assert backlog["with_finished"]["finished"] == 300
+
+
+def test_claim_plan_uses_the_claim_index_beside_finished_jobs(db_url):
+    import psycopg
+
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO outboxq_jobs (queue, status, payload, finished_at) "
+                     "SELECT 'bench', 'done', 'null', now() FROM generate_series(1, 5000)")
+        conn.execute("INSERT INTO outboxq_jobs (queue, payload) SELECT 'bench', 'null' FROM generate_series(1, 50)")
+        conn.execute("ANALYZE outboxq_jobs")
+    plan = claim_plan(db_url)
+    assert plan["uses_claim_index"] and not plan["seq_scan_on_jobs"], plan
+
+
+def test_bench_is_registered_in_the_cli():
+    args = build_parser().parse_args(["bench", "drain", "--compare", "--rounds", "3", "--json"])
+    assert args.which == ["drain"] and args.compare and args.rounds == 3 and args.json
+    assert main(["bench", "nonsense", "--quiet"]) == 2
+
+
+def test_render_without_results_sections():
+    results = {"machine": {"cpus": 2, "cpu_model": "x", "memory_gb": 1, "load_1m": 0, "python": "3"},
+               "server": {"version": "15", "synchronous_commit": "on", "fsync": "on", "shared_buffers": "1"},
+               "settings": {"rounds": 1, "jobs": 1, "peer_slow_jobs": 1}, "summary": {}}
+    assert "machine: 2 CPUs" in render(results)
+
+
+@pytest.mark.skipif(not Path("/tmp/peers-venv/bin/python").exists() or shutil.which("pgbench") is None,
+                    reason="the peers' virtual environment (made by `outboxq bench --compare`) or pgbench is absent")
+def test_bench_compare_runs_the_peers(db_url, tmp_path):
+    ensure_peers_venv(Path("/tmp/peers-venv"), progress=None)  # type: ignore[arg-type]
+    results = _run(db_url, tmp_path, "drain", "--compare", "--peer-slow-jobs", "30", "--pgqueuer-sweep", "100x1",
+                   "--pgbench-configs", "1x1x20,10x2x5")
+    drain = results["summary"]["drain_jobs_per_s"]
+    for name in ("outboxq", "pgqueuer_defaults", "pgqueuer_b100_p1", "procrastinate_defaults"):
+        assert drain[name]["median"] > 0, name
+    assert all(v > 0 for v in results["summary"]["pgbench_jobs_per_s"].values())
+    assert results["summary"]["ratios"]["outboxq_vs_pgqueuer_defaults"] > 0

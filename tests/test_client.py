@@ -1,0 +1,106 @@
+"""app.client against the real app: typed results, error mapping, and retries that never enqueue twice."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import psycopg
+import pytest
+
+from app.client import AsyncClient, Client, Conflict, InvalidRequest, NotFound, Unauthorized
+from tests.api_support import TOKENS, api_client, job_count
+
+
+class LosesFirstResponses(httpx.BaseTransport):
+    """Forwards every request to the app, but for the first `drops` POSTs throws the answer away and raises
+    ReadError, as when the connection breaks after the server committed."""
+
+    def __init__(self, inner: httpx.BaseTransport, drops: int = 1):
+        self.inner, self.drops, self.posts = inner, drops, 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = self.inner.handle_request(request)
+        if request.method == "POST":
+            self.posts += 1
+            if self.drops > 0:
+                self.drops -= 1
+                response.read()
+                raise httpx.ReadError("connection lost after the server answered", request=request)
+        return response
+
+
+class AnswersUnavailableFirst(httpx.BaseTransport):
+    """Answers 503 to the first request without reaching the app, then forwards."""
+
+    def __init__(self, inner: httpx.BaseTransport):
+        self.inner, self.failed = inner, False
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if not self.failed:
+            self.failed = True
+            return httpx.Response(503, json={"error": {"code": "unavailable", "message": "try later"}})
+        return self.inner.handle_request(request)
+
+
+def test_a_retry_after_a_lost_response_does_not_enqueue_twice(db_url):
+    with api_client(db_url, scope=None) as app_client:
+        transport = LosesFirstResponses(app_client._transport, drops=2)
+        with Client("http://testserver", token=TOKENS["admin"], transport=transport, max_backoff_s=0.05) as client:
+            job = client.enqueue("emails", {"to": "ann"}, key="welcome-ann")
+            jobs = client.enqueue_many("emails", [{"n": 1}, {"n": 2}])
+        assert transport.posts == 4  # two answers lost, each request retried with its Idempotency-Key
+    assert job.key == "welcome-ann" and job.status == "queued"
+    assert [j.payload for j in jobs] == [{"n": 1}, {"n": 2}]
+    assert job_count(db_url) == 3
+
+
+def test_the_client_retries_503_and_maps_errors_to_exceptions(db_url):
+    with api_client(db_url, scope=None) as app_client:
+        transport = AnswersUnavailableFirst(app_client._transport)
+        with Client("http://testserver", token=TOKENS["admin"], transport=transport, max_backoff_s=0.05) as client:
+            job = client.enqueue("emails", {"x": 1}, key="k")
+            assert client.get_job(job.id).payload == {"x": 1}
+            with pytest.raises(Conflict):
+                client.enqueue("emails", {"x": 2}, key="k")
+            with pytest.raises(InvalidRequest):
+                client.enqueue("bad queue!", {})
+            with pytest.raises(NotFound):
+                client.get_job(999_999)
+            client.pause("emails")
+            assert any(q["queue"] == "emails" and q["paused"] for q in client.queues())
+            client.resume("emails")
+            assert client.cancel_job(job.id).status == "cancelled"
+            assert client.retry_job(job.id).status == "queued"
+            page = client.list_jobs("emails", limit=10)
+            assert [j.id for j in page.items] == [job.id]
+        with Client("http://testserver", token="wrong", transport=app_client._transport) as client:
+            with pytest.raises(Unauthorized):
+                client.get_job(job.id)
+
+
+def test_wait_returns_once_the_job_is_finished(db_url):
+    with api_client(db_url, scope=None) as app_client:
+        with Client("http://testserver", token=TOKENS["admin"], transport=app_client._transport) as client:
+            job = client.enqueue("emails", {})
+            with psycopg.connect(db_url) as conn:
+                conn.execute("UPDATE outboxq_jobs SET status = 'done', finished_at = now() WHERE id = %s", (job.id,))
+            assert client.wait(job.id, timeout=5).status == "done"
+            other = client.enqueue("emails", {})
+            with pytest.raises(TimeoutError):
+                client.wait(other.id, timeout=0.3, poll_s=0.1)
+
+
+def test_async_client_enqueues_and_reads(db_url):
+    with api_client(db_url, scope=None) as app_client:
+        app = app_client.app
+
+        async def scenario():
+            transport = httpx.ASGITransport(app=app)
+            async with AsyncClient("http://testserver", token=TOKENS["admin"], transport=transport) as client:
+                job = await client.enqueue("emails", {"async": True}, priority=3)
+                jobs = await client.enqueue_many("emails", [{"n": 1}])
+                return await client.get_job(job.id), jobs
+
+        job, jobs = asyncio.run(scenario())
+    assert job.payload == {"async": True} and job.priority == 3 and len(jobs) == 1

@@ -1,0 +1,145 @@
+"""The dashboard in a real headless Chromium against `outboxq serve` and a real worker.
+
+Screenshots go to artifacts/screenshots/ (not in git).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+from playwright.sync_api import sync_playwright
+
+from app.queue import enqueue, get_job
+from app.queue.jobs import JobStatus
+from workers.registry import Consumer
+from workers.runner import Worker
+
+ROOT = Path(__file__).resolve().parents[1]
+SHOTS = ROOT / "artifacts" / "screenshots"
+TOKEN = "dashboard-test-admin-token"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+failing = {"on": True}
+
+
+def flaky_handler(payload, ctx):
+    if failing["on"]:
+        raise ConnectionError("downstream is down (dashboard test)")
+
+
+def wait_for(predicate, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError("condition not met in time")
+
+
+@pytest.fixture
+def server(db_url):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "DATABASE_URL": db_url, "OUTBOXQ_API_TOKENS": f"{TOKEN}:admin", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
+                            env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _answers(base + "/healthz"), timeout=30)
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def _answers(url):
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def status_of(db_url, job_id):
+    with psycopg.connect(db_url) as c:
+        return get_job(c, job_id).status
+
+
+def test_dashboard_shows_queues_retries_a_failed_job_and_pauses_a_queue(db_url, server):
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    failing["on"] = True
+    consumers = [Consumer("ui-flaky", flaky_handler, max_attempts=1),
+                 Consumer("ui-paused", lambda payload, ctx: None)]
+    with psycopg.connect(db_url) as conn:
+        failed_job = enqueue(conn, "ui-flaky", {"order": 7}, key="order-7")
+        conn.commit()
+    worker = Worker(consumers, url=db_url, poll_interval=0.1).start()
+    try:
+        wait_for(lambda: status_of(db_url, failed_job.id) is JobStatus.DEAD)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+            page = browser.new_page()
+            page.on("dialog", lambda dialog: dialog.accept())  # the confirmations
+
+            page.goto(server + "/ui/")
+            page.fill("#token", "wrong-token")
+            page.click("#sign-in-form button")
+            page.wait_for_selector("text=That token was refused.")
+            page.fill("#token", TOKEN)
+            page.click("#sign-in-form button")
+            page.wait_for_selector("#queues tr[data-queue='ui-flaky']")
+            page.wait_for_selector("#throughput-chart")
+            page.screenshot(path=str(SHOTS / "queues.png"), full_page=True)
+            assert "dead" in page.inner_text("#queues thead")
+
+            # A failed job's page: its error with the traceback; retry it once the downstream is back.
+            page.goto(f"{server}/ui/#/jobs/{failed_job.id}")
+            page.wait_for_selector("#errors pre")
+            assert "downstream is down" in page.inner_text("#errors")
+            page.screenshot(path=str(SHOTS / "job-dead.png"), full_page=True)
+            failing["on"] = False
+            page.click("#retry-job")
+            page.wait_for_selector("text=Retry job")
+            wait_for(lambda: status_of(db_url, failed_job.id) is JobStatus.DONE)
+            page.reload()
+            page.wait_for_selector("#job-status .status.done")
+            page.screenshot(path=str(SHOTS / "job-done.png"), full_page=True)
+
+            # Pause a queue from the dashboard: the worker stops taking its jobs.
+            with psycopg.connect(db_url) as conn:
+                enqueue(conn, "ui-paused", {"first": True})
+                conn.commit()
+            page.goto(server + "/ui/#/")
+            row = "#queues tr[data-queue='ui-paused']"
+            page.wait_for_selector(row)
+            page.click(f"{row} button[data-action='pause']")
+            page.wait_for_selector(f"{row} button[data-action='resume']")
+            with psycopg.connect(db_url) as conn:
+                held = enqueue(conn, "ui-paused", {"while": "paused"})
+                conn.commit()
+            time.sleep(1.0)  # ten poll intervals: a running worker would have taken it by now
+            assert status_of(db_url, held.id) is JobStatus.QUEUED
+            page.screenshot(path=str(SHOTS / "queue-paused.png"), full_page=True)
+            page.click(f"{row} button[data-action='resume']")
+            wait_for(lambda: status_of(db_url, held.id) is JobStatus.DONE)
+
+            # The queue's jobs page and the Spark page load.
+            page.goto(server + "/ui/#/queues/ui-paused?status=done")
+            page.wait_for_selector("#jobs tbody tr td a")
+            page.screenshot(path=str(SHOTS / "queue-jobs.png"), full_page=True)
+            page.goto(server + "/ui/#/spark")
+            page.wait_for_selector("#spark-batches")
+            browser.close()
+    finally:
+        worker.stop(timeout=5)

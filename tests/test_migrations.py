@@ -1,0 +1,33 @@
+"""The migrations build exactly the schema that app/queue/schema.py describes."""
+
+from __future__ import annotations
+
+import psycopg
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+
+from app.db import create_engine
+from app.queue import migrate
+from app.queue.schema import metadata
+
+
+def test_migrated_database_matches_the_metadata(db_url):
+    engine = create_engine(db_url)
+    with engine.connect() as connection:
+        diff = compare_metadata(MigrationContext.configure(connection), metadata)
+    engine.dispose()
+    assert diff == []
+
+
+def test_migrated_database_is_at_head_and_has_the_notify_trigger(db_url):
+    assert migrate.current_revision(db_url) == migrate.head_revision()
+    migrate.ensure_current(db_url)
+    with psycopg.connect(db_url) as c:
+        trigger = c.execute(
+            "SELECT tgname FROM pg_trigger WHERE tgrelid = 'outboxq_jobs'::regclass AND NOT tgisinternal"
+        ).fetchall()
+    assert trigger == [("outboxq_jobs_notify_new",)]
+
+
+def test_upgrade_is_idempotent(db_url):
+    assert migrate.upgrade(db_url) == migrate.head_revision()

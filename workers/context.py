@@ -1,0 +1,109 @@
+"""JobContext: what a handler knows about the job it runs, and ctx.transaction() for exactly-once effects."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+
+from app.errors import LeaseLost
+from app.queue import sql
+
+log = logging.getLogger("outboxq.worker")
+
+
+def delivery_hash(consumer_id: str, job_id: int) -> str:
+    """A stable hash of (consumer id, job id): the same on every attempt of the job."""
+    return hashlib.sha256(f"{consumer_id}\x00{job_id}".encode()).hexdigest()
+
+
+class JobContext:
+    """Passed to each handler as `ctx`: the job's identity, its attempt, cancellation, and ctx.transaction()."""
+
+    def __init__(
+        self,
+        *,
+        job_id: int,
+        queue: str,
+        key: str | None,
+        attempt: int,
+        max_attempts: int | None,
+        lease_token: uuid.UUID,
+        consumer_id: str,
+        captured_context: dict[str, Any] | None = None,
+        connection_factory: Callable[[], psycopg.Connection] | None = None,
+    ):
+        self.job_id = job_id
+        self.queue = queue
+        self.key = key
+        self.attempt = attempt
+        self.max_attempts = max_attempts
+        self.lease_token = lease_token
+        self.consumer_id = consumer_id
+        self.captured_context = captured_context or {}
+        self._connection_factory = connection_factory
+        self._cancelled = threading.Event()
+        self.fenced = False
+        self.completed_in_transaction = False
+        self.log = logging.LoggerAdapter(
+            log,
+            {"queue": queue, "job_id": job_id, "attempt": attempt, "job_context": self.captured_context},
+        )
+
+    @property
+    def delivery_hash(self) -> str:
+        """Stable across attempts: use it to make side effects elsewhere idempotent."""
+        return delivery_hash(self.consumer_id, self.job_id)
+
+    @property
+    def cancelled(self) -> bool:
+        """True once an operator asked this running job to stop (or its lease was lost)."""
+        return self._cancelled.is_set()
+
+    def request_cancel(self) -> None:
+        """Set by the worker when the job's cancel was requested or its lease was lost."""
+        self._cancelled.set()
+
+    @contextmanager
+    def transaction(self) -> Iterator[psycopg.Connection]:
+        """A transaction in which the handler's writes and the job's completion commit together.
+
+        The job's row is locked first, and only if this worker still holds the lease; otherwise LeaseLost
+        is raised and nothing is written. On a normal exit the job is completed in the same transaction, so
+        the effect happens exactly once even if the worker dies at any point.
+        """
+        if self._connection_factory is None:
+            raise RuntimeError("ctx.transaction() needs a worker (or workers.testing) to provide connections")
+        conn = self._connection_factory()
+        try:
+            with conn.transaction():
+                row = conn.execute(
+                    sql.job_lock_if_leased, {"id": self.job_id, "lease_token": self.lease_token}
+                ).fetchone()
+                if row is None:
+                    self.fenced = True
+                    raise LeaseLost(
+                        f"job {self.job_id}: this worker no longer holds its lease; its effects were not written"
+                    )
+                yield conn
+                done = conn.execute(
+                    sql.job_complete_batch, {"ids": [self.job_id], "lease_tokens": [self.lease_token]}
+                ).fetchall()
+                if not any(_first(r) == self.job_id for r in done):
+                    raise LeaseLost(f"job {self.job_id}: completion refused (lease lost)")
+        except psycopg.OperationalError:
+            conn.close()  # a broken connection is replaced on next use
+            raise
+        self.completed_in_transaction = True
+
+
+def _first(row: Any) -> Any:
+    if isinstance(row, dict):
+        return next(iter(row.values()))
+    return row[0]

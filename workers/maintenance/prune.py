@@ -1,0 +1,39 @@
+"""Retention: delete finished jobs in bulk once they are older than the retention periods."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from app.queue import sql
+from app.settings import get_settings
+
+BATCH_LIMIT = 5000
+
+
+def run_once(conn: Any, *, now: datetime | None = None, limit: int = BATCH_LIMIT) -> int:
+    """Delete done and cancelled jobs older than retention_done_s, dead ones older than retention_dead_s,
+    and Idempotency-Keys older than idempotency_ttl_s.
+
+    Deletes in batches of `limit`, each committed, until nothing is left; returns how many.
+    """
+    settings = get_settings()
+    now = now or datetime.now(UTC)
+    params = {
+        "done_before": now - timedelta(seconds=settings.retention_done_s),
+        "dead_before": now - timedelta(seconds=settings.retention_dead_s),
+        "limit": limit,
+    }
+    with conn.cursor() as cur:
+        cur.execute(sql.idempotency_key_prune,
+                    {"before": now - timedelta(seconds=settings.idempotency_ttl_s)})
+    conn.commit()
+    total = 0
+    while True:
+        with conn.cursor() as cur:
+            cur.execute(sql.job_prune_finished, params)
+            deleted = cur.rowcount
+        conn.commit()
+        total += deleted
+        if deleted < limit:
+            return total

@@ -1,0 +1,124 @@
+"""@consumer: register a handler for a queue, with its retry, lease and payload options."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from app.errors import InvalidInput
+from app.queue.backoff import RetryPolicy
+from app.queue.enqueue import PayloadHooks, register_payload_hooks, validate_queue_name
+from app.settings import Settings, get_settings
+
+
+@dataclass(frozen=True)
+class Consumer:
+    """A handler and its options. Options left as None take the settings' defaults when the worker starts."""
+
+    queue: str
+    handler: Callable[..., Any]
+    max_attempts: int | None = None
+    backoff_base: float | None = None
+    backoff_max: float | None = None
+    jitter: float | None = None
+    lease_s: float | None = None
+    max_execute_s: float | None = None
+    idempotent_conflicts: bool = False
+    valid_payload: Callable[[Any], bool] | None = None
+    encode: Callable[[Any], bytes | str] | None = None
+    decode: Callable[[bytes], Any] | None = None
+    depends_on: Callable[[Any], Iterable[tuple[str, str]]] | None = None
+    consumer_id: str | None = None
+
+    @property
+    def is_async(self) -> bool:
+        """True when the handler is a coroutine function."""
+        return inspect.iscoroutinefunction(self.handler)
+
+    @property
+    def takes_context(self) -> bool:
+        """True when the handler accepts (payload, ctx) rather than (payload)."""
+        try:
+            params = inspect.signature(self.handler).parameters.values()
+        except (TypeError, ValueError):
+            return True
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
+
+    @property
+    def id(self) -> str:
+        """The consumer id that delivery hashes are made from (the handler's qualified name by default)."""
+        return self.consumer_id or f"{self.queue}:{self.handler.__module__}.{self.handler.__qualname__}"
+
+    def retry_policy(self, settings: Settings | None = None) -> RetryPolicy:
+        """The consumer's retry policy, with the settings' defaults for what it leaves unset."""
+        s = settings or get_settings()
+        return RetryPolicy(
+            max_attempts=s.max_attempts if self.max_attempts is None else self.max_attempts,
+            backoff_base=s.backoff_base if self.backoff_base is None else self.backoff_base,
+            backoff_max=s.backoff_max if self.backoff_max is None else self.backoff_max,
+            jitter=s.backoff_jitter if self.jitter is None else self.jitter,
+        )
+
+    def effective_lease_s(self, settings: Settings | None = None) -> float:
+        """Seconds a claim holds the job before another worker may rescue it (renewed while running)."""
+        return (settings or get_settings()).lease_s if self.lease_s is None else self.lease_s
+
+    def effective_max_execute_s(self, settings: Settings | None = None) -> float:
+        """Seconds after which a running handler's stack is logged as stuck."""
+        return (settings or get_settings()).max_execute_s if self.max_execute_s is None else self.max_execute_s
+
+
+_consumers: dict[str, Consumer] = {}
+
+
+def register(c: Consumer) -> Consumer:
+    """Add a consumer (replacing any earlier one for the same queue) and its payload hooks for enqueue."""
+    validate_queue_name(c.queue)
+    if c.max_attempts is not None and c.max_attempts < 0:
+        raise InvalidInput("max_attempts must be >= 0 (0 means retry forever)")
+    if (c.encode is None) != (c.decode is None):
+        raise InvalidInput(f"consumer of {c.queue!r}: give both encode and decode, or neither")
+    _consumers[c.queue] = c
+    register_payload_hooks(c.queue, PayloadHooks(c.encode, c.valid_payload, c.depends_on))
+    return c
+
+
+def consumer(queue: str, **options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: `@consumer("emails", max_attempts=25)` makes the function the handler of `emails`.
+
+    The handler is `def handle(payload, ctx)` (or `async def`); returning is success, raising is a failed
+    attempt. Options: max_attempts, backoff_base, backoff_max, jitter, lease_s, max_execute_s,
+    idempotent_conflicts, valid_payload, encode/decode, depends_on, consumer_id.
+    """
+
+    def decorate(handler: Callable[..., Any]) -> Callable[..., Any]:
+        register(Consumer(queue=queue, handler=handler, **options))
+        return handler
+
+    return decorate
+
+
+def get_consumer(queue: str) -> Consumer | None:
+    """The consumer registered for `queue` in this process, if any."""
+    return _consumers.get(queue)
+
+
+def all_consumers() -> list[Consumer]:
+    """Every consumer registered in this process."""
+    return list(_consumers.values())
+
+
+def load_handler_modules(modules: Iterable[str]) -> list[Consumer]:
+    """Import the named modules (their @consumer decorators register handlers) and return the consumers."""
+    for name in modules:
+        name = name.strip()
+        if name:
+            importlib.import_module(name)
+    loaded = all_consumers()
+    if not loaded:
+        raise InvalidInput(f"no @consumer found in {', '.join(modules)}")
+    return loaded

@@ -1,0 +1,488 @@
+"""The worker: wake (NOTIFY or poll) → claim a batch (SKIP LOCKED, lease token) → run handlers → complete, fenced.
+
+Threads, each with its own connection:
+- the dispatcher claims batches per queue while there is room, and sleeps until notified or a poll is due;
+- `concurrency` handler threads run the handlers (async handlers run on one shared event loop);
+- the completer writes outcomes in batches: one statement completes every finished job at once;
+- the keeper renews leases (heartbeats), logs stuck handlers' stacks, and runs the maintenance services
+  (rescue, promote, prune);
+- the listener LISTENs for new-work notifications.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue as queue_module
+import socket
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from app.db import database_url
+from app.queue import sql
+from app.settings import Settings, get_settings
+from workers import executor
+from workers.context import JobContext
+from workers.executor import AsyncLoop, ClaimedJob, Outcome
+from workers.listener import Listener
+from workers.maintenance import promote, prune, rescue
+from workers.registry import Consumer, all_consumers
+
+log = logging.getLogger("outboxq.worker")
+
+PRUNE_INTERVAL_S = 60.0
+RECONNECT_DELAY_S = 0.5
+
+
+class Worker:
+    """Runs the handlers of `consumers` (all registered ones by default) against the database at `url`."""
+
+    def __init__(
+        self,
+        consumers: Iterable[Consumer] | None = None,
+        *,
+        url: str | None = None,
+        settings: Settings | None = None,
+        concurrency: int | None = None,
+        batch_size: int | None = None,
+        poll_interval: float | None = None,
+        worker_id: str | None = None,
+        run_maintenance: bool = True,
+        listen: bool = True,
+    ):
+        self.settings = settings or get_settings()
+        self.url = url or database_url(self.settings)
+        self.consumers = {c.queue: c for c in (consumers if consumers is not None else all_consumers())}
+        if not self.consumers:
+            raise ValueError("a worker needs at least one consumer (@consumer) to run")
+        self.concurrency = concurrency or self.settings.concurrency
+        self.batch_size = batch_size or self.settings.batch_size
+        self.max_in_flight = max(self.batch_size, self.concurrency)
+        self.poll_interval = poll_interval if poll_interval is not None else self.settings.poll_interval
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.run_maintenance = run_maintenance
+        self.listen = listen
+
+        self._lock = threading.Lock()
+        self._in_flight: dict[int, ClaimedJob] = {}
+        self._buffered = 0  # claimed, not yet started
+        self._work: queue_module.SimpleQueue[ClaimedJob | None] = queue_module.SimpleQueue()
+        self._outcomes: queue_module.SimpleQueue[Outcome | None] = queue_module.SimpleQueue()
+        self._wake = threading.Event()
+        self._idle_until: dict[str, float] = {q: 0.0 for q in self.consumers}
+        self._failing_queues: set[str] = set()
+        self._stopping = threading.Event()  # stop claiming
+        self._draining = threading.Event()  # handler threads hand back jobs they have not started
+        self._finished = threading.Event()  # the completer may exit once outcomes are written
+        self._unstarted: list[ClaimedJob] = []
+        self._local = threading.local()
+        self._threads: list[threading.Thread] = []
+        self._async_loop: AsyncLoop | None = None
+        self._listener: Listener | None = None
+        self.stats = {"claimed": 0, "completed": 0, "failed": 0, "fenced": 0, "cancelled": 0}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> Worker:
+        """Start every thread and return at once."""
+        if any(c.is_async for c in self.consumers.values()):
+            self._async_loop = AsyncLoop()
+        for i in range(self.concurrency):
+            self._spawn(self._handler_loop, f"outboxq-handler-{i}")
+        self._spawn(self._completer_loop, "outboxq-completer")
+        self._spawn(self._keeper_loop, "outboxq-keeper")
+        if self.listen:
+            self._listener = Listener(self.url, self._on_notify)
+            self._listener.start()
+        self._spawn(self._dispatcher_loop, "outboxq-dispatcher")
+        log.info("worker %s started: queues %s, concurrency %d, batch %d",
+                 self.worker_id, ", ".join(self.consumers), self.concurrency, self.batch_size)
+        return self
+
+    def request_stop(self) -> None:
+        """Stop claiming new jobs (safe to call from a signal handler)."""
+        self._stopping.set()
+        self._wake.set()
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Stop claiming, hand back jobs not started, let running handlers finish (bounded), then exit.
+
+        Returns True when every running job finished within the timeout.
+        """
+        timeout = self.settings.shutdown_timeout if timeout is None else timeout
+        self.request_stop()
+        self._draining.set()
+        deadline = time.monotonic() + timeout
+        for _ in range(self.concurrency):
+            self._work.put(None)
+        handler_threads = [t for t in self._threads if t.name.startswith("outboxq-handler")]
+        for t in handler_threads:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        clean = not any(t.is_alive() for t in handler_threads)
+        if not clean:
+            log.warning("shutdown timeout: handlers still running; their leases will expire and be rescued")
+        self._release_unstarted()
+        self._finished.set()
+        self._outcomes.put(None)
+        for t in self._threads:
+            if not t.name.startswith("outboxq-handler"):
+                t.join(timeout=max(1.0, deadline - time.monotonic()))
+        if self._listener:
+            self._listener.stop()
+        if self._async_loop:
+            self._async_loop.close()
+        log.info("worker %s stopped: %s", self.worker_id, self.stats)
+        return clean
+
+    def run(self) -> None:
+        """Start and block until request_stop() (for example from SIGTERM), then stop gracefully."""
+        self.start()
+        while not self._stopping.wait(0.5):
+            pass
+        self.stop()
+
+    @property
+    def in_flight(self) -> int:
+        """Jobs this worker holds the lease of (claimed and not yet written back)."""
+        with self._lock:
+            return len(self._in_flight)
+
+    def _spawn(self, target: Any, name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _on_notify(self, queue: str) -> None:
+        if queue == "*":
+            for q in self._idle_until:
+                self._idle_until[q] = 0.0
+        elif queue in self._idle_until:
+            self._idle_until[queue] = 0.0
+        else:
+            return
+        self._wake.set()
+
+    def _connect(self) -> psycopg.Connection:
+        return psycopg.connect(self.url, row_factory=dict_row)
+
+    def _thread_connection(self) -> psycopg.Connection:
+        """A connection owned by the calling handler thread (for ctx.transaction())."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None or conn.closed:
+            conn = psycopg.connect(self.url, autocommit=True, row_factory=dict_row)
+            self._local.conn = conn
+        return conn
+
+    # ------------------------------------------------------------------ dispatcher: claim
+
+    def _dispatcher_loop(self) -> None:
+        conn: psycopg.Connection | None = None
+        while not self._stopping.is_set():
+            try:
+                if conn is None or conn.closed:
+                    conn = self._connect()
+                claimed_any_full = False
+                now = time.monotonic()
+                for queue_name, consumer in self.consumers.items():
+                    if self._stopping.is_set() or self._idle_until[queue_name] > now:
+                        continue
+                    room = self._room()
+                    if room <= 0:
+                        break
+                    jobs = self.claim(conn, consumer, room)
+                    for job in jobs:
+                        self._work.put(job)
+                    if len(jobs) < room:
+                        self._idle_until[queue_name] = time.monotonic() + self.poll_interval
+                    else:
+                        claimed_any_full = True
+                if claimed_any_full and self._room() > 0:
+                    continue
+                next_due = min(self._idle_until.values()) - time.monotonic()
+                self._wake.wait(timeout=max(0.001, min(self.poll_interval, next_due)) if next_due > 0 else 0.05)
+                self._wake.clear()
+            except psycopg.Error as exc:
+                log.warning("dispatcher: database error (%s); reconnecting", exc)
+                if conn is not None:
+                    conn.close()
+                conn = None
+                self._stopping.wait(RECONNECT_DELAY_S)
+        if conn is not None:
+            conn.close()
+
+    def _room(self) -> int:
+        with self._lock:
+            in_flight, buffered = len(self._in_flight), self._buffered
+        # Claim again only while the handlers risk running dry; that keeps batches large but prefetch bounded.
+        if buffered >= max(self.concurrency, self.max_in_flight // 2):
+            return 0
+        return self.max_in_flight - in_flight
+
+    def claim(self, conn: psycopg.Connection, consumer: Consumer, limit: int,
+              statement: str = sql.job_claim_batch, params: dict[str, Any] | None = None) -> list[ClaimedJob]:
+        """Claim up to `limit` jobs of the consumer's queue under a fresh lease token (committed)."""
+        lease_token = uuid.uuid4()
+        lease_s = consumer.effective_lease_s(self.settings)
+        policy = consumer.retry_policy(self.settings)
+        rows = conn.execute(
+            statement,
+            {
+                "queue": consumer.queue,
+                "limit": limit,
+                "lease_token": lease_token,
+                "lease_s": lease_s,
+                "worker_id": self.worker_id,
+                "default_max_attempts": policy.max_attempts,
+                **(params or {}),
+            },
+        ).fetchall()
+        conn.commit()
+        if not rows:
+            return []
+        if rows[0]["queue_failing"]:
+            self._failing_queues.add(consumer.queue)
+        # UPDATE ... RETURNING gives no order: hand jobs to the handlers in claim order (priority first).
+        rows.sort(key=lambda r: (r["priority"], r["run_at"], r["id"]))
+        jobs = []
+        for r in rows:
+            payload = r["payload"] if r["payload_bytes"] is None else bytes(r["payload_bytes"])
+            job = ClaimedJob(
+                id=r["id"], queue=r["queue"], key=r["key"], payload=payload, attempts=r["attempts"],
+                max_attempts=r["max_attempts"], lease_token=lease_token, context=r["context"],
+                consumer=consumer,
+            )
+            job.ctx = JobContext(
+                job_id=job.id, queue=job.queue, key=job.key, attempt=job.attempts,
+                max_attempts=job.max_attempts, lease_token=lease_token, consumer_id=consumer.id,
+                captured_context=job.context, connection_factory=self._thread_connection,
+            )
+            jobs.append(job)
+        with self._lock:
+            for job in jobs:
+                self._in_flight[job.id] = job
+            self._buffered += len(jobs)
+        self.stats["claimed"] += len(jobs)
+        return jobs
+
+    # ------------------------------------------------------------------ handlers
+
+    def _handler_loop(self) -> None:
+        while True:
+            job = self._work.get()
+            if job is None:
+                return
+            with self._lock:
+                self._buffered -= 1
+            if self._draining.is_set():
+                with self._lock:
+                    self._unstarted.append(job)
+                continue
+            outcome = executor.execute(job, self._async_loop)
+            job.finished = True  # no more heartbeats or stack dumps for it
+            self._outcomes.put(outcome)
+
+    def _release_unstarted(self) -> None:
+        while True:  # jobs still in the work queue were never started either
+            try:
+                job = self._work.get_nowait()
+            except queue_module.Empty:
+                break
+            if job is not None:
+                self._unstarted.append(job)
+        if not self._unstarted:
+            return
+        try:
+            with self._connect() as conn:
+                conn.execute(sql.job_release_unstarted, {
+                    "ids": [j.id for j in self._unstarted],
+                    "lease_tokens": [j.lease_token for j in self._unstarted],
+                })
+            log.info("handed back %d claimed jobs that had not started", len(self._unstarted))
+        except psycopg.Error as exc:
+            log.warning("could not hand back %d unstarted jobs (%s): they will be rescued when their "
+                        "leases expire", len(self._unstarted), exc)
+        with self._lock:
+            for job in self._unstarted:
+                self._in_flight.pop(job.id, None)
+        self._unstarted.clear()
+
+    # ------------------------------------------------------------------ completer
+
+    def _completer_loop(self) -> None:
+        conn: psycopg.Connection | None = None
+        pending: list[Outcome] = []
+        give_up_at: float | None = None
+        while True:
+            try:
+                item = self._outcomes.get(timeout=0.2)
+            except queue_module.Empty:
+                item = None
+            if item is not None:
+                pending.append(item)
+            while True:  # take everything that is ready: one write for all of it
+                try:
+                    more = self._outcomes.get_nowait()
+                except queue_module.Empty:
+                    break
+                if more is not None:
+                    pending.append(more)
+            if pending:
+                try:
+                    if conn is None or conn.closed:
+                        conn = self._connect()
+                    self.write_outcomes(conn, pending)
+                    pending = []
+                except psycopg.Error as exc:
+                    log.warning("completer: database error (%s); retrying", exc)
+                    if conn is not None:
+                        conn.close()
+                    conn = None
+                    if self._finished.is_set():
+                        # Shutting down with the database away: give up after a while; the leases will
+                        # expire and the jobs be rescued.
+                        give_up_at = give_up_at or time.monotonic() + 5.0
+                        if time.monotonic() > give_up_at:
+                            break
+                    time.sleep(RECONNECT_DELAY_S)
+                    continue
+            if self._finished.is_set() and not pending and self._outcomes.empty():
+                break
+        if conn is not None:
+            conn.close()
+
+    def write_outcomes(self, conn: psycopg.Connection, outcomes: list[Outcome]) -> None:
+        """Write every outcome in one transaction: one statement completes all the successes."""
+        to_complete = [o for o in outcomes if o.succeeded and not o.completed_in_transaction and not o.fenced]
+        completed_ids: set[int] = set()
+        if to_complete:
+            rows = conn.execute(sql.job_complete_batch, {
+                "ids": [o.job.id for o in to_complete],
+                "lease_tokens": [o.job.lease_token for o in to_complete],
+            }).fetchall()
+            completed_ids = {r["id"] for r in rows if r["id"] is not None}
+        failed_writes = []
+        for o in outcomes:
+            if o.fenced or o.succeeded:
+                continue
+            if o.cancelled:
+                failed_writes.append((o, conn.execute(sql.job_finish_cancelled, {
+                    "id": o.job.id, "lease_token": o.job.lease_token}).fetchone()))
+                continue
+            policy = o.job.consumer.retry_policy(self.settings)
+            dead = policy.is_exhausted(o.job.attempts, o.job.max_attempts)
+            failed_writes.append((o, conn.execute(sql.job_fail, {
+                "id": o.job.id, "lease_token": o.job.lease_token, "dead": dead,
+                "delay": 0.0 if dead else policy.delay(o.job.attempts),
+                "error": o.error or "failed", "traceback": o.traceback,
+            }).fetchone()))
+        succeeded_queues = {o.job.queue for o in outcomes if o.succeeded and not o.fenced}
+        for queue_name in succeeded_queues & self._failing_queues:
+            conn.execute(sql.queue_mark_healthy, {"queue": queue_name})
+        conn.commit()
+        self._failing_queues -= succeeded_queues
+
+        for o in to_complete:
+            if o.job.id in completed_ids:
+                self.stats["completed"] += 1
+            else:
+                self._log_fenced(o, "completion")
+        for o, row in failed_writes:
+            if row is None:
+                self._log_fenced(o, "cancel" if o.cancelled else "failure")
+            elif o.cancelled:
+                self.stats["cancelled"] += 1
+            else:
+                self.stats["failed"] += 1
+                o.job.ctx.log.warning("job %s attempt %d failed (%s): now %s", o.job.id, o.job.attempts,
+                                      o.error, row["status"])
+        for o in outcomes:
+            if o.fenced:
+                self._log_fenced(o, "effects")
+            elif o.completed_in_transaction:
+                self.stats["completed"] += 1
+        with self._lock:
+            for o in outcomes:
+                self._in_flight.pop(o.job.id, None)
+        self._wake.set()
+
+    def _log_fenced(self, outcome: Outcome, what: str) -> None:
+        self.stats["fenced"] += 1
+        (outcome.job.ctx.log if outcome.job.ctx is not None else log).warning("job %s: %s refused, this worker was fenced (its lease %s was taken away)",
+                    outcome.job.id, what, outcome.job.lease_token)
+
+    # ------------------------------------------------------------------ keeper: heartbeats, stuck, maintenance
+
+    def _keeper_loop(self) -> None:
+        conn: psycopg.Connection | None = None
+        min_lease = min(c.effective_lease_s(self.settings) for c in self.consumers.values())
+        heartbeat_every = max(0.05, min_lease / 3)
+        tick = max(0.05, min(0.5, self.poll_interval, heartbeat_every))
+        last_heartbeat = last_maintenance = 0.0
+        last_prune = time.monotonic()
+        while not self._finished.is_set():
+            now = time.monotonic()
+            try:
+                if conn is None or conn.closed:
+                    conn = self._connect()
+                if now - last_heartbeat >= heartbeat_every:
+                    self._heartbeat(conn)
+                    last_heartbeat = now
+                self._check_stuck(now)
+                if self.run_maintenance and not self._stopping.is_set():
+                    if now - last_maintenance >= self.poll_interval:
+                        rescue.run_once(conn)
+                        promote.run_once(conn)
+                        last_maintenance = now
+                    if now - last_prune >= PRUNE_INTERVAL_S:
+                        prune.run_once(conn)
+                        last_prune = now
+            except psycopg.Error as exc:
+                log.warning("keeper: database error (%s); reconnecting", exc)
+                if conn is not None:
+                    conn.close()
+                conn = None
+            self._finished.wait(tick)
+        if conn is not None:
+            conn.close()
+
+    def _heartbeat(self, conn: psycopg.Connection) -> None:
+        with self._lock:
+            running = [j for j in self._in_flight.values() if not j.finished]
+        if not running:
+            return
+        by_lease: dict[float, list[ClaimedJob]] = defaultdict(list)
+        for job in running:
+            by_lease[job.consumer.effective_lease_s(self.settings)].append(job)
+        alive: dict[int, bool] = {}
+        for lease_s, jobs in by_lease.items():
+            rows = conn.execute(sql.job_heartbeat, {
+                "ids": [j.id for j in jobs], "lease_tokens": [j.lease_token for j in jobs], "lease_s": lease_s,
+            }).fetchall()
+            alive.update({r["id"]: r["cancel_requested"] for r in rows})
+        conn.commit()
+        with self._lock:
+            still_held = set(self._in_flight)
+        for job in running:
+            if job.id not in still_held or job.ctx is None:
+                continue  # written back meanwhile
+            if job.id not in alive:
+                if not job.ctx.fenced:
+                    job.ctx.fenced = True
+                    job.ctx.request_cancel()
+                    job.ctx.log.warning("job %s: lease lost (fenced); the handler's writes will be refused",
+                                        job.id)
+            elif alive[job.id]:
+                job.ctx.request_cancel()
+
+    def _check_stuck(self, now: float) -> None:
+        with self._lock:
+            started = [j for j in self._in_flight.values() if j.started_monotonic is not None and not j.finished]
+        for job in started:
+            executor.report_stuck(job, now)
