@@ -279,6 +279,125 @@ class Driver:
         self._log.close()
 
 
+def proc_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used (Linux /proc); 0 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def machine_cpu_s() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine since boot (/proc/stat)."""
+    try:
+        with open("/proc/stat") as f:
+            values = [int(v) for v in f.readline().split()[1:]]
+    except OSError:
+        return 0.0, 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    idle = values[3] + (values[4] if len(values) > 4 else 0)
+    return (sum(values) - idle) / tick, sum(values) / tick
+
+
+def statement_kind(query: str) -> str:
+    """Which of the worker's statements a pg_stat_activity query text is."""
+    q = query.lstrip().lower()
+    if q.startswith("commit"):
+        return "commit"
+    if "queue_state" in q:
+        return "claim"
+    if q.startswith("with done"):
+        return "complete"
+    if q.startswith("listen"):
+        return "listen"
+    if q.startswith("update outboxq_jobs j\nset lease_expires_at"):
+        return "heartbeat"
+    if q.startswith("with expired"):
+        return "rescue"
+    for kind in ("promote", "prune", "delete"):
+        if kind in q[:200]:
+            return kind
+    return q.split(None, 1)[0] if q else "-"
+
+
+class DrainProfiler:
+    """Where a drain's time goes, seen from outside the worker (no change to the worker itself).
+
+    - Samples pg_stat_activity of the run's database every `interval` seconds: per worker connection
+      (named by the statements it runs: claim, complete, ...) the share of samples executing each
+      statement, with its wait event, or idle (waiting for the worker's Python to send the next one).
+    - CPU seconds used during the drain by the worker process(es), by the PostgreSQL backends serving
+      the run's database, and by the whole machine (the rest is everything else, the sampler included).
+    """
+
+    def __init__(self, url: str, worker_pids: list[int], exclude_pids: list[int], interval: float = 0.01):
+        self.url, self.worker_pids, self.interval = url, worker_pids, interval
+        self.exclude = set(exclude_pids)
+        self.samples = 0
+        self.counts: dict[tuple[str, str], int] = {}
+        self.roles: dict[int, str] = {}
+        self.backend_cpu_start: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        """Take the CPU baselines and start sampling."""
+        self.machine_start = machine_cpu_s()
+        self.worker_cpu_start = sum(proc_cpu_s(p) for p in self.worker_pids)
+        self.started = time.perf_counter()
+        self._thread.start()
+
+    def _run(self) -> None:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            self.exclude.add(conn.info.backend_pid)
+            query = ("SELECT pid, state, coalesce(wait_event_type || ':' || wait_event, ''), query "
+                     "FROM pg_stat_activity WHERE datname = current_database() AND backend_type = 'client backend'")
+            while not self._stop.is_set():
+                rows = [r for r in conn.execute(query).fetchall() if r[0] not in self.exclude]
+                self.samples += 1
+                for pid, state, wait, text in rows:
+                    if pid not in self.backend_cpu_start:
+                        self.backend_cpu_start[pid] = proc_cpu_s(pid)
+                    kind = statement_kind(text or "")
+                    roles = {"claim": "dispatcher", "complete": "completer", "listen": "listener",
+                             "heartbeat": "keeper", "rescue": "keeper"}
+                    if kind in roles and pid not in self.roles:
+                        self.roles[pid] = roles[kind]
+                    role = self.roles.get(pid, f"backend {pid}")
+                    if state == "active":
+                        what = f"executing {kind}" + (f" (wait {wait})" if wait else "")
+                    elif state == "idle in transaction":
+                        what = f"idle in transaction (after {kind})"
+                    else:
+                        what = "idle (waiting for the client)"
+                    key = (role, what)
+                    self.counts[key] = self.counts.get(key, 0) + 1
+                self._stop.wait(self.interval)
+
+    def stop(self) -> dict[str, Any]:
+        """Stop sampling; the shares and the CPU split."""
+        elapsed = time.perf_counter() - self.started
+        machine_busy = machine_cpu_s()[0] - self.machine_start[0]
+        worker_cpu = sum(proc_cpu_s(p) for p in self.worker_pids) - self.worker_cpu_start
+        backend_cpu = sum(max(0.0, proc_cpu_s(pid) - start) for pid, start in self.backend_cpu_start.items())
+        self._stop.set()
+        self._thread.join(5)
+        per_role: dict[str, dict[str, float]] = {}
+        for (role, what), count in sorted(self.counts.items(), key=lambda kv: -kv[1]):
+            per_role.setdefault(role, {})[what] = round(count / max(1, self.samples), 3)
+        return {
+            "wall_s": round(elapsed, 3), "samples": self.samples, "sample_interval_s": self.interval,
+            "connections": {r: v for r, v in per_role.items() if not r.startswith("backend ") or
+                            sum(v.values()) > 0.05},
+            "cpu_s": {"worker_process": round(worker_cpu, 3), "postgres_backends": round(backend_cpu, 3),
+                      "machine_busy": round(machine_busy, 3),
+                      "other": round(machine_busy - worker_cpu - backend_cpu, 3),
+                      "machine_capacity": round(elapsed * (os.cpu_count() or 1), 3)},
+        }
+
+
 class BenchError(RuntimeError):
     """A benchmark step that could not run."""
 
@@ -355,8 +474,13 @@ class Bench:
     # ------------------------------------------------------------ drain
 
     def drain(self, system: str, n: int, label: str, *, worker: dict[str, Any] | None = None,
-              processes: int = 1, db_url: str | None = None, fill: bool = True) -> dict[str, Any]:
-        """Fill a fresh database with `n` no-op jobs, then time `processes` workers draining them."""
+              processes: int = 1, db_url: str | None = None, fill: bool = True,
+              profile: str | None = None) -> dict[str, Any]:
+        """Fill a fresh database with `n` no-op jobs, then time `processes` workers draining them.
+
+        `profile`: "sample" samples the server side and the CPU split while draining (DrainProfiler);
+        "cprofile" also runs the worker's threads under cProfile (outboxq only; slower).
+        """
         url = db_url or self.fresh_db(system)
         fill_result = None
         if fill:
@@ -364,12 +488,21 @@ class Bench:
             fill_result = self.driver(system, "fill", url, n=n).wait_result(1800)
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("ANALYZE")  # as autovacuum would have done for a backlog that built up
-        drivers = [self.driver(system, "drain", url, worker=worker or {}) for _ in range(processes)]
+        extra: dict[str, Any] = {}
+        if profile == "cprofile":
+            path = (Path(self.args.output).with_suffix(".drain.pstats") if self.args.output
+                    else self.log_dir / "drain.pstats")
+            extra = {"profile": "cprofile", "profile_path": str(path.resolve())}
+        drivers = [self.driver(system, "drain", url, worker=worker or {}, **extra) for _ in range(processes)]
+        profiler: DrainProfiler | None = None
         try:
             for d in drivers:
                 d.wait_ready()
             rss_start = sum(int(d.ready["rss_kb"]) for d in drivers if d.ready)
             with psycopg.connect(url, autocommit=True) as watch:
+                if profile:
+                    profiler = DrainProfiler(url, [d.process.pid for d in drivers], [watch.info.backend_pid])
+                    profiler.start()
                 started = time.perf_counter()
                 for d in drivers:
                     d.send("go")
@@ -391,6 +524,7 @@ class Bench:
                         break
                     time.sleep(DONE_POLL_S if handled >= 0.9 * n else 0.05)
                 elapsed = time.perf_counter() - started
+                profile_result = profiler.stop() if profiler else None
                 if timed_out:
                     finished = self._finished_count(watch, system, n)
                 else:
@@ -399,6 +533,8 @@ class Bench:
                 d.send("stop")
             results = [d.wait_result(120) for d in drivers]
         finally:
+            if profiler is not None:
+                profiler._stop.set()
             for d in drivers:
                 d.send("stop")
                 d.close()
@@ -413,6 +549,12 @@ class Bench:
         if system == "outboxq":
             out["worker_defaults"] = {"concurrency": results[0].get("concurrency"),
                                       "batch_size": results[0].get("batch_size")}
+            out["thread_cpu_s"] = results[0].get("thread_cpu_s")
+            if "cprofile_top" in results[0]:
+                out["cprofile_top"] = results[0]["cprofile_top"]
+                out["cprofile_path"] = extra.get("profile_path")
+        if profile_result is not None:
+            out["profile"] = profile_result
         self.progress.done(f"{label}: {finished:,} jobs in {elapsed:.2f}s = {out['jobs_per_s']:,.0f} jobs/s"
                            + (" (time limit reached)" if timed_out else ""))
         return out
@@ -436,35 +578,38 @@ class Bench:
         url = self.fresh_db("outboxq", "enqueue")
         calls, blocks = args.enqueue_calls, 4
         per_block = max(1, calls // blocks)
-        timings: dict[str, float] = {"enqueue_commit": 0.0, "insert_commit": 0.0,
-                                     "enqueue_in_tx": 0.0, "insert_in_tx": 0.0}
+        kinds = ("enqueue", "insert", "insert_jobs")
+        timings: dict[str, float] = {f"{k}_{m}": 0.0 for k in kinds for m in ("commit", "in_tx")}
+        # insert_jobs: the same one-row INSERT into outboxq_jobs itself (its indexes and NOTIFY trigger,
+        # none of enqueue()'s Python): splits enqueue's cost between the table and the function.
+        insert_jobs = "INSERT INTO outboxq_jobs (queue, payload) VALUES (%s, %s) RETURNING id"
         with psycopg.connect(url) as conn:
             conn.execute("CREATE TABLE bench_bare (id bigserial PRIMARY KEY, queue text NOT NULL, "
                          "payload jsonb, created_at timestamptz NOT NULL DEFAULT now())")
             conn.commit()
             insert = "INSERT INTO bench_bare (queue, payload) VALUES (%s, %s) RETURNING id"
-            for _ in range(20):  # warm both paths (prepared statements, caches)
-                enqueue(conn, "bench", {"i": 0})
-                conn.execute(insert, ("bench", '{"i": 0}'))
+            def one(kind: str, i: int) -> None:
+                if kind == "enqueue":
+                    enqueue(conn, "bench", {"i": i})
+                else:
+                    conn.execute(insert if kind == "insert" else insert_jobs, ("bench", json.dumps({"i": i})))
+
+            for _ in range(20):  # warm every path (prepared statements, caches)
+                for kind in kinds:
+                    one(kind, 0)
                 conn.commit()
             for block in range(blocks):
                 self.progress.update(f"enqueue outboxq: block {block + 1}/{blocks}", force=True)
-                order = ["insert", "enqueue"] if block % 2 == 0 else ["enqueue", "insert"]
+                order = list(kinds) if block % 2 == 0 else list(reversed(kinds))
                 for kind in order:
                     t0 = time.perf_counter()
                     for i in range(per_block):
-                        if kind == "enqueue":
-                            enqueue(conn, "bench", {"i": i})
-                        else:
-                            conn.execute(insert, ("bench", json.dumps({"i": i})))
+                        one(kind, i)
                         conn.commit()
                     timings[f"{kind}_commit"] += time.perf_counter() - t0
                     t0 = time.perf_counter()  # the statement alone: many calls, one commit
                     for i in range(per_block):
-                        if kind == "enqueue":
-                            enqueue(conn, "bench", {"i": i})
-                        else:
-                            conn.execute(insert, ("bench", json.dumps({"i": i})))
+                        one(kind, i)
                     conn.commit()
                     timings[f"{kind}_in_tx"] += time.perf_counter() - t0
             many_rates = []
@@ -488,6 +633,8 @@ class Bench:
             "insert_commit_per_s": total / timings["insert_commit"],
             "enqueue_in_tx_per_s": total / timings["enqueue_in_tx"],
             "insert_in_tx_per_s": total / timings["insert_in_tx"],
+            "insert_jobs_commit_per_s": total / timings["insert_jobs_commit"],
+            "insert_jobs_in_tx_per_s": total / timings["insert_jobs_in_tx"],
             "enqueue_many_10k_per_s": median(many_rates),
             "enqueue_many_1k_per_s": median(small_rates),
         }
@@ -674,9 +821,9 @@ class Bench:
                 conn.execute("ANALYZE outboxq_jobs")
             out["claim_plan"] = claim_plan(url)
             self.progress.done(
-                "claim plan with {:,} finished jobs: {} ({:.2f} ms, {} buffers)".format(
-                    args.finished_jobs,
-                    "uses outboxq_jobs_claim_idx" if out["claim_plan"]["uses_claim_index"] else "NO claim index",
+                "claim plan with {:,} finished jobs: search {}, join {} ({:.2f} ms, {} buffers)".format(
+                    args.finished_jobs, ", ".join(out["claim_plan"]["search_scans"]),
+                    ", ".join(out["claim_plan"]["update_scans"]),
                     out["claim_plan"]["execution_ms"], out["claim_plan"]["buffers"]))
             kept = self.drain("outboxq", args.jobs, f"drain outboxq {args.jobs:,} beside "
                               f"{args.finished_jobs:,} finished", db_url=url, fill=False)
@@ -731,12 +878,29 @@ class Bench:
                     result = {"error": str(exc)}
                 collected.setdefault(group, {}).setdefault(name, []).append(result)
         self.progress.prefix = ""
+        if args.profile:
+            # Not part of the figures above: one drain sampled from outside (server activity, CPU split),
+            # one with cProfile in every worker thread (which slows the worker down).
+            self.results["profile"] = {
+                "sampled": self._guarded("profile sampled", lambda: self.drain(
+                    "outboxq", args.jobs, "drain outboxq defaults, sampled", profile="sample")),
+                "cprofile": self._guarded("profile cprofile", lambda: self.drain(
+                    "outboxq", args.jobs, "drain outboxq defaults under cProfile", profile="cprofile")),
+            }
         if "backlog" in wanted:
             self.results["backlog"] = self.backlog()
         self.results["runs"] = collected
         self.results["summary"] = summarize(collected)
         self.results["seconds"] = time.monotonic() - started
         return self.results
+
+
+    def _guarded(self, name: str, step: Callable[[], Any]) -> Any:
+        try:
+            return step()
+        except BenchError as exc:
+            self.progress.done(f"{name}: FAILED: {exc}")
+            return {"error": str(exc)}
 
 
 def claim_plan(url: str, limit: int = 500) -> dict[str, Any]:
@@ -753,19 +917,38 @@ def claim_plan(url: str, limit: int = 500) -> dict[str, Any]:
         plan = cur.fetchone()[0][0]  # type: ignore[index]
         cur.connection.rollback()
         cur.connection.close()
-    nodes: list[dict[str, Any]] = []
+    # Each scan of outboxq_jobs, tagged with the part of the statement it serves: the candidate search
+    # (CTE fresh / retry and their sub-plans) or the UPDATE's join back to the claimed rows (by id).
+    # A sequential scan in the join is the planner's right choice on a small table; what must never
+    # happen is a sequential scan in the search, which would read every finished job kept for retention.
+    nodes: list[tuple[str, dict[str, Any]]] = []
 
-    def walk(node: dict[str, Any]) -> None:
-        nodes.append(node)
+    def walk(node: dict[str, Any], part: str) -> None:
+        name = node.get("Subplan Name", "")
+        if name.startswith("CTE fresh") or name.startswith("CTE retry"):
+            part = "search"
+        nodes.append((part, node))
         for child in node.get("Plans", []):
-            walk(child)
+            walk(child, part)
 
-    walk(plan["Plan"])
-    jobs_scans = [n for n in nodes if n.get("Relation Name") == "outboxq_jobs" and "Scan" in n["Node Type"]]
+    walk(plan["Plan"], "update")
+    jobs_scans = [(part, n) for part, n in nodes
+                  if n.get("Relation Name") == "outboxq_jobs" and "Scan" in n["Node Type"]]
+    search = [n for part, n in jobs_scans if part == "search"]
+    update = [n for part, n in jobs_scans if part == "update"]
+
+    def label(n: dict[str, Any]) -> str:
+        return f"{n['Node Type']} {n.get('Index Name', '')}".strip()
+
     return {
-        "uses_claim_index": any(n.get("Index Name") == "outboxq_jobs_claim_idx" for n in nodes),
-        "seq_scan_on_jobs": any(n["Node Type"] == "Seq Scan" for n in jobs_scans),
-        "scans": sorted({f"{n['Node Type']} {n.get('Index Name', '')}".strip() for n in jobs_scans}),
+        # (a Bitmap Index Scan names the index but not the table: look at every node of the search)
+        "uses_claim_index": any(n.get("Index Name") == "outboxq_jobs_claim_idx"
+                                for part, n in nodes if part == "search"),
+        "search_seq_scan": any(n["Node Type"] == "Seq Scan" for n in search),
+        "seq_scan_on_jobs": any(n["Node Type"] == "Seq Scan" for _, n in jobs_scans),
+        "scans": sorted({label(n) for _, n in jobs_scans}),
+        "search_scans": sorted({label(n) for n in search}),
+        "update_scans": sorted({label(n) for n in update}),
         "execution_ms": plan.get("Execution Time"),
         "buffers": plan["Plan"].get("Shared Hit Blocks", 0) + plan["Plan"].get("Shared Read Blocks", 0),
     }
@@ -874,6 +1057,9 @@ def render(results: dict[str, Any]) -> str:
                   f"| outboxq enqueue, many per transaction | {_num(e.get('enqueue_in_tx_per_s'))} |",
                   f"| bare INSERT, many per transaction | {_num(e.get('insert_in_tx_per_s'))} |",
                   f"| ratio (statement cost alone) | {_num(e.get('enqueue_vs_insert_in_tx'), 2)} |",
+                  f"| one-row INSERT into outboxq_jobs itself + commit (no enqueue()) | "
+                  f"{_num(e.get('insert_jobs_commit_per_s'))} |",
+                  f"| the same, many per transaction | {_num(e.get('insert_jobs_in_tx_per_s'))} |",
                   f"| outboxq enqueue_many, 10,000-job batches (jobs/s) | {_num(e.get('enqueue_many_10k_per_s'))} |",
                   f"| outboxq enqueue_many, 1,000-job batches (jobs/s) | {_num(e.get('enqueue_many_1k_per_s'))} |",
                   f"| HTTP batch route, 1,000-job batches (jobs/s) | {_num(e.get('http_batch_1k_per_s'))} |",
@@ -906,16 +1092,52 @@ def render(results: dict[str, Any]) -> str:
         if "claim_plan" in backlog:
             plan = backlog["claim_plan"]
             kept = backlog["with_finished"]
-            lines += [f"| claim plan beside finished jobs | {', '.join(plan['scans'])} "
+            lines += [f"| claim plan beside finished jobs | search: {', '.join(plan['search_scans'])}; "
+                      f"join: {', '.join(plan['update_scans'])} "
                       f"({_num(plan['execution_ms'], 2)} ms, {plan['buffers']} buffers) |",
                       f"| drain {kept['n']:,} beside {results['settings']['finished_jobs']:,} finished, jobs/s "
                       f"| {_num(kept['jobs_per_s'])} |",
                       f"| ratio with finished / baseline | {_num(backlog['with_finished_vs_baseline'], 2)} |"]
         lines.append("")
+    lines += render_profile(results.get("profile"))
     ratios = {k: v for k, v in (s.get("ratios") or {}).items() if v is not None}
     if ratios:
         lines += ["| ratio | value |", "| --- | ---: |"] + [f"| {k} | {v:.2f} |" for k, v in ratios.items()]
     return "\n".join(lines)
+
+
+def render_profile(profile: dict[str, Any] | None) -> list[str]:
+    """The profile section: CPU split, server-side activity per connection, busiest threads, cProfile top."""
+    if not profile:
+        return []
+    lines: list[str] = []
+    sampled = profile.get("sampled") or {}
+    if "profile" in sampled:
+        prof = sampled["profile"]
+        cpu = prof["cpu_s"]
+        lines += [f"profile (sampled drain: {sampled['n']:,} jobs in {sampled['seconds']:.2f}s = "
+                  f"{sampled['jobs_per_s']:,.0f} jobs/s; pg_stat_activity every {prof['sample_interval_s'] * 1000:.0f} ms, "
+                  f"{prof['samples']} samples)", "",
+                  "| CPU during the drain | seconds | share of machine capacity |", "| --- | ---: | ---: |"]
+        for key in ("worker_process", "postgres_backends", "other", "machine_busy", "machine_capacity"):
+            lines.append(f"| {key} | {cpu[key]:.2f} | {100 * cpu[key] / max(cpu['machine_capacity'], 1e-9):.0f}% |")
+        lines += ["", "| worker connection | server-side state | share of samples |", "| --- | --- | ---: |"]
+        for role, states in prof["connections"].items():
+            for what, share in states.items():
+                lines.append(f"| {role} | {what} | {100 * share:.0f}% |")
+        if sampled.get("thread_cpu_s"):
+            lines += ["", "| worker thread | CPU s |", "| --- | ---: |"]
+            lines += [f"| {name} | {cpu_s:.2f} |" for name, cpu_s in sampled["thread_cpu_s"].items()]
+        lines.append("")
+    profiled = profile.get("cprofile") or {}
+    if profiled.get("cprofile_top"):
+        lines += [f"cProfile of every worker thread, in thread CPU seconds (drain of {profiled['n']:,} jobs at "
+                  f"{profiled['jobs_per_s']:,.0f} jobs/s under the profiler; {profiled.get('cprofile_path')}):", "",
+                  "| function | calls | tottime s | cumtime s |", "| --- | ---: | ---: | ---: |"]
+        lines += [f"| {r['function']} | {r['calls']:,} | {r['tottime_s']:.3f} | {r['cumtime_s']:.3f} |"
+                  for r in profiled["cprofile_top"][:20]]
+        lines.append("")
+    return lines
 
 
 # ---------------------------------------------------------------- peers' virtual environment
@@ -1011,6 +1233,9 @@ def register(sub: Any) -> None:
     p.add_argument("--backlog-jobs", type=int, default=1_000_000, help="backlog drain size (default 1,000,000; 0 skips)")
     p.add_argument("--finished-jobs", type=int, default=5_000_000,
                    help="finished jobs kept beside the queue for the plan check (default 5,000,000; 0 skips)")
+    p.add_argument("--profile", action="store_true",
+                   help="after the rounds, two more outboxq drains: one sampled from outside (server activity, "
+                        "CPU split), one under cProfile (saved beside --output as .drain.pstats)")
     p.add_argument("--max-seconds", type=float, default=180.0, help="time limit of one drain (default 180)")
     p.add_argument("--url", help="the PostgreSQL server (default: DATABASE_URL or the embedded one); "
                                  f"databases named {DB_PREFIX}_* are created and dropped there")

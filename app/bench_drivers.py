@@ -160,24 +160,125 @@ def outboxq_worker(spec: dict[str, Any], handler: Any) -> Any:
     return Worker([Consumer(queue=QUEUE, handler=handler)], url=spec["url"], **spec.get("worker", {}))
 
 
+def thread_cpu_s() -> dict[str, float]:
+    """CPU seconds (user + system) of each live thread of this process, by thread name (Linux /proc)."""
+    import os
+
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        name = names.get(int(tid), f"tid-{tid}")
+        # handler threads are many and alike: one line for all of them
+        key = "outboxq-handler-*" if name.startswith("outboxq-handler-") else name
+        out[key] = out.get(key, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+class ThreadProfiles:
+    """cProfile in every thread the worker starts (Worker._spawn and the listener), merged at the end."""
+
+    def __init__(self) -> None:
+        self.profiles: list[Any] = []
+        self._lock = threading.Lock()
+
+    def wrap(self, target: Any) -> Any:
+        import cProfile
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            # the thread's CPU time, not wall time: a thread blocked on a queue or on the database costs
+            # nothing here (the server side is sampled separately, from pg_stat_activity)
+            profile = cProfile.Profile(time.thread_time)
+            with self._lock:
+                self.profiles.append(profile)
+            profile.enable()
+            try:
+                return target(*args, **kwargs)
+            finally:
+                profile.disable()
+
+        return run
+
+    def install(self) -> None:
+        from workers import listener, runner
+
+        original_spawn = runner.Worker._spawn
+        profiles = self
+
+        def spawn(worker: Any, target: Any, name: str) -> None:
+            original_spawn(worker, profiles.wrap(target), name)
+
+        runner.Worker._spawn = spawn  # type: ignore[method-assign]
+        original_listener_run = listener.Listener._run
+
+        def listener_run(self_: Any) -> None:
+            profiles.wrap(original_listener_run)(self_)
+
+        listener.Listener._run = listener_run  # type: ignore[method-assign]
+
+    def report(self, path: str | None, top: int = 25) -> list[dict[str, Any]]:
+        """Merge the threads' profiles; save them to `path` (pstats) and return the top functions."""
+        import pstats
+
+        if not self.profiles:
+            return []
+        stats = pstats.Stats(self.profiles[0])
+        for profile in self.profiles[1:]:
+            stats.add(profile)
+        if path:
+            stats.dump_stats(path)
+        rows = []
+        for (filename, line, function), (_cc, calls, tottime, cumtime, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+            rows.append({"function": f"{filename.rsplit('/', 2)[-1] if '/' in filename else filename}:{line}"
+                                     f"({function})", "calls": calls, "tottime_s": round(tottime, 4),
+                         "cumtime_s": round(cumtime, 4)})
+        rows.sort(key=lambda r: r["tottime_s"], reverse=True)
+        return rows[:top]
+
+
 def outboxq_drain(spec: dict[str, Any]) -> dict[str, Any]:
-    """Run a default worker from "go" until "stop"; count handler calls."""
+    """Run a default worker from "go" until "stop"; count handler calls.
+
+    With spec["profile"] == "cprofile", every worker thread runs under cProfile, timed in thread CPU
+    seconds (slower: for the shape of the time, not for the rate); the per-thread CPU seconds are
+    reported on every run.
+    """
     counter = Counter()
 
     def noop(payload: Any) -> None:
         counter.add()
 
+    profiles = None
+    if spec.get("profile") == "cprofile":
+        profiles = ThreadProfiles()
+        profiles.install()
     worker = outboxq_worker(spec, noop)
     emit("ready", rss_kb=rss_kb())
     control().wait("go")
+    cpu_before = thread_cpu_s()
     progress = start_progress(counter)
     worker.start()
     control().wait("stop")
     progress.set()
+    cpu_after = thread_cpu_s()  # before stop(): the worker's threads are still alive
     end_rss = rss_kb()
     worker.stop(timeout=10)
-    return {"handled": counter.value, "rss_kb": end_rss, "stats": worker.stats,
-            "concurrency": worker.concurrency, "batch_size": worker.batch_size}
+    thread_cpu = {name: round(cpu - cpu_before.get(name, 0.0), 3) for name, cpu in cpu_after.items()}
+    out = {"handled": counter.value, "rss_kb": end_rss, "stats": worker.stats,
+           "concurrency": worker.concurrency, "batch_size": worker.batch_size,
+           "thread_cpu_s": {k: v for k, v in sorted(thread_cpu.items(), key=lambda kv: -kv[1]) if v > 0}}
+    if profiles is not None:
+        out["cprofile_top"] = profiles.report(spec.get("profile_path"))
+    return out
 
 
 def outboxq_latency_worker(spec: dict[str, Any]) -> dict[str, Any]:

@@ -306,16 +306,17 @@ def deliver(
         if locked is None:
             raise DeliveryFenced(f"snapshot {snapshot.id} ({snapshot.delivery_hash[:12]}) is no longer "
                                  "claimed by this lease: it was delivered, failed or taken over")
-        ensure_output_table(conn, snapshot.output_table, columns)
-        names = [pgsql.Identifier(name) for name, _ in columns] + [pgsql.Identifier(DELIVERY_HASH_COLUMN)]
-        copy_sql = pgsql.SQL("COPY {} ({}) FROM STDIN").format(
-            pgsql.Identifier(snapshot.output_table), pgsql.SQL(", ").join(names))
         rows_written = 0
-        with conn.cursor() as cur, cur.copy(copy_sql) as copy:
-            for row in rows:
-                copy.write_row([_postgres_value(v, t) for v, t in zip(row, types, strict=True)]
-                               + [snapshot.delivery_hash])
-                rows_written += 1
+        if columns:  # no columns: every job failed, there is nothing to write (nor a table to create)
+            ensure_output_table(conn, snapshot.output_table, columns)
+            names = [pgsql.Identifier(name) for name, _ in columns] + [pgsql.Identifier(DELIVERY_HASH_COLUMN)]
+            copy_sql = pgsql.SQL("COPY {} ({}) FROM STDIN").format(
+                pgsql.Identifier(snapshot.output_table), pgsql.SQL(", ").join(names))
+            with conn.cursor() as cur, cur.copy(copy_sql) as copy:
+                for row in rows:
+                    copy.write_row([_postgres_value(v, t) for v, t in zip(row, types, strict=True)]
+                                   + [snapshot.delivery_hash])
+                    rows_written += 1
         _execute(conn, spark_sql.spark_snapshot_mark_delivered, {
             "id": snapshot.id, "lease_token": snapshot.lease_token, "epoch": epoch,
             "rows_written": rows_written, "error": _failed_summary(failed_jobs),
@@ -381,8 +382,11 @@ def fail_snapshot(
     error: str,
     traceback: str | None = None,
     retry_policy: RetryPolicy | None = None,
+    job_errors: Mapping[int, str] | None = None,
 ) -> int:
-    """Record a batch the processor could not handle: every job fails with the error (retry or dead)."""
+    """Record a batch the processor could not handle: every job fails (retry or dead) with the error.
+
+    ``job_errors`` gives some jobs their own error instead (a payload that was not a JSON object)."""
     with conn.transaction():
         _check_epoch(conn, snapshot.processor_id, epoch)
         marked = _execute(conn, spark_sql.spark_snapshot_mark_failed, {
@@ -390,7 +394,8 @@ def fail_snapshot(
         }).fetchone()
         if marked is None:
             raise DeliveryFenced(f"snapshot {snapshot.id} is no longer claimed by this lease")
-        return _fail_jobs(conn, snapshot, dict.fromkeys(snapshot.job_ids, error), error_queue=None,
+        errors = {**dict.fromkeys(snapshot.job_ids, error), **(job_errors or {})}
+        return _fail_jobs(conn, snapshot, errors, error_queue=None,
                           retry_policy=retry_policy, traceback=traceback)
 
 

@@ -36,3 +36,21 @@ def strict_order_totals(jobs: DataFrame) -> DataFrame:
     from pyspark.sql import functions as F
 
     return jobs.groupBy("customer").agg(F.sum(F.col("amount").cast("double")).alias("total"))
+
+
+def plain_order_lines(records: list[dict]) -> list[dict]:
+    """order_lines for the plain-Python engine (the worker path the Spark path is benchmarked against)."""
+    rows = []
+    for record in records:
+        amount = _number(record.get("amount"), float)
+        quantity = _number(record.get("quantity"), int)
+        rows.append({"job_id": record["job_id"], "customer": record.get("customer"),
+                     "line_total": None if amount is None else amount * (1 if quantity is None else quantity)})
+    return rows
+
+
+def _number(value, kind):
+    try:
+        return None if value is None else kind(value)
+    except (TypeError, ValueError):
+        return None

@@ -222,7 +222,7 @@ spark_output_table_lock = "SELECT pg_advisory_xact_lock(hashtext('outboxq_spark_
 spark_output_table_columns = """
 SELECT a.attname AS name
 FROM pg_attribute a
-WHERE a.attrelid = to_regclass(%(table)s) AND a.attnum > 0 AND NOT a.attisdropped
+WHERE a.attrelid = to_regclass(quote_ident(%(table)s)) AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attnum
 """
 
@@ -257,4 +257,15 @@ spark_batch_finish = """
 UPDATE outboxq_spark_batches
 SET state = %(state)s, error = coalesce(%(error)s, error), finished_at = now()
 WHERE id = %(id)s AND state IN ('pending', 'running')
+"""
+
+# The snapshots a batch's processor took while the batch ran (until now if it still runs).
+spark_snapshot_list_for_batch = """
+SELECT id, state, jsonb_array_length(job_ids) AS jobs, rows_written, delivery_hash, error, created_at,
+       delivered_at
+FROM outboxq_spark_snapshots
+WHERE processor_id = %(processor_id)s AND created_at >= %(since)s
+  AND created_at <= coalesce(%(until)s::timestamptz, now())
+ORDER BY id
+LIMIT 1000
 """

@@ -1,0 +1,90 @@
+"""`outboxq spark bench`: rows/s of claim → process → deliver, Spark (warm session) against plain Python.
+
+Both paths run the same consumer (claim with a snapshot, one-transaction delivery with the delivery hash);
+only the engine differs: Spark's DataFrame processor, or the same computation in plain Python on the driver.
+Spark's session start-up is measured on its own, and a small warm-up batch runs before the timed rounds.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from typing import Any
+
+from psycopg import sql as pgsql
+
+from app.db import connect, database_url
+from app.queue import enqueue_many
+from spark_jobs import examples
+from spark_jobs.consumer import Consumer, ConsumerConfig
+from spark_jobs.processing import BatchEngine, PythonEngine, SparkEngine
+from spark_jobs.session import build_session
+
+QUEUE = "outboxq-spark-bench"
+ENQUEUE_CHUNK = 10_000
+
+
+def _enqueue(url: str, jobs: int) -> None:
+    rng = random.Random(7)
+    with connect(url) as conn:
+        for start in range(0, jobs, ENQUEUE_CHUNK):
+            payloads = [{"customer": f"c{rng.randrange(1000)}", "amount": round(rng.random() * 100, 2),
+                         "quantity": rng.randrange(1, 5)} for _ in range(min(ENQUEUE_CHUNK, jobs - start))]
+            enqueue_many(conn, QUEUE, payloads)
+        conn.commit()
+
+
+def _reset(url: str, table: str) -> None:
+    with connect(url, autocommit=True) as conn:
+        conn.execute(pgsql.SQL("DROP TABLE IF EXISTS {}").format(pgsql.Identifier(table)))
+        conn.execute("DELETE FROM outboxq_jobs WHERE queue = %s", (QUEUE,))
+
+
+def _timed_drain(url: str, engine: BatchEngine, name: str, jobs: int, batch_size: int) -> dict[str, Any]:
+    table = f"spark_bench_{name}"
+    _reset(url, table)
+    _enqueue(url, jobs)
+    config = ConsumerConfig.from_settings(queue=QUEUE, processor=f"bench:{name}", output_table=table,
+                                          batch_size=batch_size)
+    started = time.perf_counter()
+    with Consumer(url, engine, config) as consumer:
+        stats = consumer.run(until_empty=True)
+    seconds = time.perf_counter() - started
+    if stats.jobs_completed != jobs or stats.rows_written != jobs:
+        raise RuntimeError(f"{name}: {stats.jobs_completed} jobs done, {stats.rows_written} rows, of {jobs}")
+    return {"seconds": seconds, "rows_per_s": jobs / seconds}
+
+
+def run_bench(*, jobs: int, batch_size: int, rounds: int, master: str) -> dict[str, Any]:
+    """Run the rounds (Spark and plain alternating) and return the figures plus a printable table."""
+    url = database_url()
+    started = time.perf_counter()
+    spark = build_session(master)
+    session_start_s = time.perf_counter() - started
+    engines: dict[str, BatchEngine] = {
+        "spark": SparkEngine(spark, examples.order_lines),
+        "plain": PythonEngine(examples.plain_order_lines),
+    }
+    try:
+        warm_up_s = _timed_drain(url, engines["spark"], "spark", min(jobs, 2_000), batch_size)["seconds"]
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in engines}
+        for _ in range(rounds):
+            for name, engine in engines.items():
+                runs[name].append(_timed_drain(url, engine, name, jobs, batch_size))
+    finally:
+        spark.stop()
+        for name in engines:
+            _reset(url, f"spark_bench_{name}")
+    medians = {name: statistics.median(r["rows_per_s"] for r in rs) for name, rs in runs.items()}
+    lines = [
+        f"outboxq spark bench: {jobs} jobs per round, batches of {batch_size}, {rounds} rounds, master {master}",
+        f"  Spark session start: {session_start_s:.1f} s; warm-up batch: {warm_up_s:.1f} s",
+    ]
+    for name, rs in runs.items():
+        each = ", ".join(f"{r['rows_per_s']:,.0f}" for r in rs)
+        lines.append(f"  {name:5}  median {medians[name]:>9,.0f} rows/s   (rounds: {each})")
+    lines.append(f"  Spark / plain: {medians['spark'] / medians['plain']:.2f}")
+    return {"jobs": jobs, "batch_size": batch_size, "rounds": rounds, "master": master,
+            "session_start_s": session_start_s, "warm_up_s": warm_up_s, "runs": runs,
+            "median_rows_per_s": medians, "table": "\n".join(lines)}

@@ -1,0 +1,234 @@
+"""A long-lived consumer of one queue: recover → (claim → process → deliver) until stopped or empty.
+
+One consumer is one Spark application (the session is started once, outside this loop). Everything that
+touches the database is in spark_jobs.delivery; this module only orders the steps, keeps the leases of a
+batch alive while Spark works, and reports progress.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import psycopg
+
+from app.db import connect
+from app.queue.backoff import RetryPolicy
+from app.settings import Settings, get_settings
+from spark_jobs import delivery
+from spark_jobs.delivery import STEP_DURING_PROCESSING, DeliveryFenced, Snapshot, StepHook, _no_hook
+from spark_jobs.processing import BatchEngine, BatchFailed
+
+log = logging.getLogger("outboxq.spark")
+
+
+def processor_id_for(queue: str, processor: str, output_table: str) -> str:
+    """The stable id of a consumer: the same queue, processor and table always recover each other's work."""
+    digest = hashlib.sha256(f"{queue}\n{processor}\n{output_table}".encode()).hexdigest()[:12]
+    return f"{queue}:{processor}:{output_table}:{digest}"
+
+
+@dataclass(slots=True)
+class ConsumerConfig:
+    """What a consumer consumes and where it writes."""
+
+    queue: str
+    processor: str
+    output_table: str
+    batch_size: int = 10_000
+    processor_id: str | None = None
+    lease_s: float = 600.0
+    poll_interval: float = 1.0
+    error_queue: str | None = None
+    retry_policy: RetryPolicy = field(default_factory=RetryPolicy)
+
+    @classmethod
+    def from_settings(cls, settings: Settings | None = None, **fields) -> ConsumerConfig:
+        """A config whose defaults (batch size, lease, retry policy) come from the settings."""
+        settings = settings or get_settings()
+        defaults = {
+            "batch_size": settings.spark_batch_size,
+            "lease_s": settings.spark_lease_s,
+            "poll_interval": settings.poll_interval,
+            "retry_policy": RetryPolicy(settings.max_attempts, settings.backoff_base, settings.backoff_max,
+                                        settings.backoff_jitter),
+        }
+        defaults.update({k: v for k, v in fields.items() if v is not None})
+        return cls(**defaults)
+
+    def identity(self) -> str:
+        """The processor id (given, or derived from queue, processor and output table)."""
+        return self.processor_id or processor_id_for(self.queue, self.processor, self.output_table)
+
+
+@dataclass(slots=True)
+class ConsumerStats:
+    """Running totals of a consumer."""
+
+    batches: int = 0
+    recovered: int = 0
+    jobs_claimed: int = 0
+    jobs_completed: int = 0
+    jobs_failed: int = 0
+    rows_written: int = 0
+    failed_batches: int = 0
+    last_error: str | None = None
+
+
+class LeaseKeeper:
+    """Renews the lease of a snapshot's jobs every lease_s/3 on its own connection while Spark works."""
+
+    def __init__(self, url: str, snapshot: Snapshot, lease_s: float) -> None:
+        self.url, self.snapshot, self.lease_s = url, snapshot, lease_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"lease-{snapshot.id}", daemon=True)
+
+    def __enter__(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.lease_s / 3):
+            try:
+                with connect(self.url) as conn:
+                    delivery.extend_lease(conn, self.snapshot, self.lease_s)
+            except psycopg.Error as exc:  # the next renewal tries again; the delivery is fenced anyway
+                log.warning("spark: could not renew the lease of snapshot %s: %s", self.snapshot.id, exc)
+
+
+class Consumer:
+    """Claims, processes and delivers the jobs of one queue with exactly-once effects."""
+
+    def __init__(
+        self,
+        url: str,
+        engine: BatchEngine,
+        config: ConsumerConfig,
+        *,
+        on_step: StepHook = _no_hook,
+        on_batch: Callable[[ConsumerStats], None] | None = None,
+    ) -> None:
+        self.url, self.engine, self.config = url, engine, config
+        self.processor_id = config.identity()
+        self.on_step = on_step
+        self.on_batch = on_batch or (lambda stats: None)
+        self.stats = ConsumerStats()
+        self.epoch: int | None = None
+        self._conn: psycopg.Connection | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> int:
+        """Bump the processor's epoch (fencing any older driver) and deliver its undelivered snapshots."""
+        delivery.validate_output_table(self.config.output_table)
+        self._conn = connect(self.url)
+        self.epoch = delivery.register_processor(self._conn, self.processor_id)
+        log.info("spark: processor %s started at epoch %s", self.processor_id, self.epoch)
+        self.recover()
+        return self.epoch
+
+    def close(self) -> None:
+        """Close the consumer's connection."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def __enter__(self) -> Consumer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def conn(self) -> psycopg.Connection:
+        if self._conn is None or self.epoch is None:
+            raise RuntimeError("call Consumer.start() first")
+        return self._conn
+
+    # ------------------------------------------------------------ the loop
+
+    def recover(self) -> int:
+        """Re-process and deliver every undelivered snapshot of this processor (same jobs, same hash)."""
+        snapshots = delivery.recover_snapshots(
+            self.conn, processor_id=self.processor_id, epoch=self.epoch, lease_s=self.config.lease_s,
+            default_max_attempts=self.config.retry_policy.max_attempts)
+        for snapshot in snapshots:
+            log.info("spark: recovering snapshot %s (%d jobs, hash %s)", snapshot.id, len(snapshot.job_ids),
+                     snapshot.delivery_hash[:12])
+            self._process_and_deliver(snapshot)
+            self.stats.recovered += 1
+        return len(snapshots)
+
+    def run_once(self) -> bool:
+        """Claim one batch, process and deliver it; False when no job was due."""
+        snapshot = delivery.claim_snapshot(
+            self.conn, processor_id=self.processor_id, epoch=self.epoch, queue=self.config.queue,
+            output_table=self.config.output_table, batch_size=self.config.batch_size,
+            lease_s=self.config.lease_s, default_max_attempts=self.config.retry_policy.max_attempts,
+            on_step=self.on_step)
+        if snapshot is None:
+            return False
+        self._process_and_deliver(snapshot)
+        return True
+
+    def run(self, *, until_empty: bool = False, stop: threading.Event | None = None,
+            max_batches: int | None = None) -> ConsumerStats:
+        """Loop until stopped (or, with until_empty, until no job is due); returns the totals."""
+        stop = stop or threading.Event()
+        batches = 0
+        while not stop.is_set() and (max_batches is None or batches < max_batches):
+            if self.run_once():
+                batches += 1
+                continue
+            if until_empty:
+                break
+            # Idle: a driver fenced out earlier may have left snapshots of this processor behind.
+            self.recover()
+            stop.wait(self.config.poll_interval)
+        return self.stats
+
+    # ------------------------------------------------------------ one batch
+
+    def _process_and_deliver(self, snapshot: Snapshot) -> None:
+        self.stats.jobs_claimed += len(snapshot.job_ids)
+        try:
+            with LeaseKeeper(self.url, snapshot, self.config.lease_s):
+                result = self.engine.process(snapshot.jobs, snapshot.delivery_hash)
+                self.on_step(STEP_DURING_PROCESSING)
+        except BatchFailed as exc:
+            failed = delivery.fail_snapshot(self.conn, snapshot, epoch=self.epoch, error=str(exc),
+                                            traceback=exc.traceback, retry_policy=self.config.retry_policy,
+                                            job_errors=exc.job_errors)
+            log.error("spark: snapshot %s failed (%d jobs back to retry or dead): %s", snapshot.id, failed, exc)
+            self.stats.failed_batches += 1
+            self.stats.jobs_failed += failed
+            self.stats.last_error = str(exc)
+            self.on_batch(self.stats)
+            return
+        try:
+            outcome = delivery.deliver(
+                self.conn, snapshot, epoch=self.epoch, columns=result.columns, rows=result.rows,
+                failed_jobs=result.failed, error_queue=self.config.error_queue,
+                retry_policy=self.config.retry_policy, on_step=self.on_step)
+        except DeliveryFenced:
+            log.error("spark: delivery of snapshot %s refused: this driver (epoch %s) is fenced",
+                      snapshot.id, self.epoch)
+            raise
+        self.stats.batches += 1
+        self.stats.jobs_completed += outcome.jobs_completed
+        self.stats.jobs_failed += outcome.jobs_failed
+        self.stats.rows_written += outcome.rows_written
+        if result.failed:
+            self.stats.last_error = next(iter(result.failed.values()))
+        log.info("spark: delivered snapshot %s: %d rows, %d jobs done, %d failed", snapshot.id,
+                 outcome.rows_written, outcome.jobs_completed, outcome.jobs_failed)
+        self.on_batch(self.stats)
+
