@@ -1,0 +1,177 @@
+"""Spark consumers with a real local Spark session and a real PostgreSQL: results, crashes, bad payloads,
+the `outboxq spark run` command and the HTTP batch endpoint."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from decimal import Decimal
+
+import psycopg
+import pytest
+
+from app.queue import get_job
+from spark_jobs import delivery, examples
+from spark_jobs.consumer import processor_id_for
+from spark_jobs.delivery import STEP_AFTER_COMMIT, STEP_AFTER_SNAPSHOT, STEP_AFTER_WRITE, STEP_DURING_PROCESSING
+from spark_jobs.processing import SparkEngine, infer_schema
+from tests.api_support import api_client
+from tests.spark_support import (
+    Crash,
+    crash_at,
+    enqueue_orders,
+    extra_database,
+    order_payloads,
+    run_until_empty,
+    statuses,
+    table_rows,
+)
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark session for the module's tests (a session takes seconds to start)."""
+    from spark_jobs.session import build_session
+
+    session = build_session("local[1]", shuffle_partitions=1)
+    yield session
+    session.stop()
+
+
+def _expected_totals(payloads: list[dict]) -> dict[str, tuple[int, Decimal]]:
+    totals: dict[str, list] = defaultdict(lambda: [0, Decimal("0")])
+    for p in payloads:
+        totals[p["customer"]][0] += 1
+        totals[p["customer"]][1] += Decimal(str(p["amount"]))
+    return {c: (n, t) for c, (n, t) in totals.items()}
+
+
+def test_a_spark_batch_writes_the_processors_rows_once_with_the_delivery_hash(db_url, spark):
+    payloads = order_payloads(50)
+    ids = enqueue_orders(db_url, payloads)
+
+    stats = run_until_empty(db_url, SparkEngine(spark, examples.order_totals), batch_size=100,
+                            output_table="order_totals")
+
+    assert stats.batches == 1 and stats.jobs_completed == 50
+    rows = table_rows(db_url, "order_totals")
+    assert {r[0]: (r[1], r[2]) for r in rows} == _expected_totals(payloads)
+    assert {r[3] for r in rows} == {delivery.delivery_hash("totals", ids)}
+    assert statuses(db_url) == {"done": 50}
+
+
+def test_a_bad_cast_in_one_payload_fails_that_job_alone(db_url, spark):
+    payloads = order_payloads(20)
+    payloads[5] = {"customer": "c0", "amount": "not a number"}
+    ids = enqueue_orders(db_url, payloads)
+
+    stats = run_until_empty(db_url, SparkEngine(spark, examples.strict_order_totals), batch_size=20,
+                            output_table="strict_totals")
+
+    assert stats.jobs_completed == 19 and stats.jobs_failed == 1
+    good = [p for i, p in enumerate(payloads) if i != 5]
+    rows = table_rows(db_url, "strict_totals")
+    assert {r[0]: round(r[1], 2) for r in rows} == {c: float(t) for c, (_, t) in _expected_totals(good).items()}
+    with psycopg.connect(db_url) as conn:
+        bad = get_job(conn, ids[5])
+    assert bad.status == "retrying" and "CAST_INVALID_INPUT" in bad.last_error
+
+
+def test_spark_runs_killed_at_each_step_then_rerun_equal_an_uninterrupted_run(db_url, pg_server_url,
+                                                                             template_db, spark):
+    engine = SparkEngine(spark, examples.order_totals)
+    payloads = order_payloads(60)
+    with extra_database(pg_server_url, template_db) as reference_url:
+        enqueue_orders(reference_url, payloads)
+        run_until_empty(reference_url, engine, batch_size=25, output_table="order_totals")
+        expected = table_rows(reference_url, "order_totals")
+    assert len({r[3] for r in expected}) == 3  # three batches
+
+    for step in (STEP_AFTER_SNAPSHOT, STEP_DURING_PROCESSING, STEP_AFTER_WRITE, STEP_AFTER_COMMIT):
+        with extra_database(pg_server_url, template_db) as url:
+            enqueue_orders(url, payloads)
+            with pytest.raises(Crash):
+                run_until_empty(url, engine, batch_size=25, output_table="order_totals",
+                                on_step=crash_at(step, nth=2))
+            run_until_empty(url, engine, batch_size=25, output_table="order_totals")
+            assert table_rows(url, "order_totals") == expected, step
+            assert statuses(url) == {"done": 60}, step
+
+
+def test_the_inferred_schema_reads_every_payload_like_sparks_json_reader(spark):
+    records = [{"a": 1, "b": "x", "n": {"k": 1}}, {"a": 2.5, "b": None, "n": {"k": 2, "j": True}, "l": [1, 2]},
+               {"a": 3, "b": 7, "l": []}]
+    schema = infer_schema(records)
+    assert schema.simpleString() == "struct<a:double,b:string,l:array<bigint>,n:struct<j:boolean,k:bigint>>"
+
+
+def _spark_env(db_url: str, **extra: str) -> dict[str, str]:
+    return {**os.environ, "DATABASE_URL": db_url, "OUTBOXQ_SPARK_MASTER": "local[1]",
+            "OUTBOXQ_SPARK_SHUFFLE_PARTITIONS": "1", **extra}
+
+
+def test_the_spark_run_command_killed_after_the_write_then_rerun_delivers_once(db_url):
+    payloads = order_payloads(40)
+    ids = enqueue_orders(db_url, payloads)
+    command = [sys.executable, "-m", "app.cli", "spark", "run", "--queue", "orders-in",
+               "--processor", "spark_jobs.examples:order_totals", "--output-table", "order_totals",
+               "--batch-size", "100", "--until-empty", "--json"]
+
+    crashed = subprocess.run(command, env=_spark_env(db_url, OUTBOXQ_SPARK_CRASH_AT="after_write"),
+                             capture_output=True, text=True, timeout=300)
+    assert crashed.returncode == 70, crashed.stderr[-2000:]
+    assert statuses(db_url) == {"running": 40}
+
+    rerun = subprocess.run(command, env=_spark_env(db_url), capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert '"recovered": 1' in rerun.stdout
+    rows = table_rows(db_url, "order_totals")
+    assert {r[0]: (r[1], r[2]) for r in rows} == _expected_totals(payloads)
+    processor_id = processor_id_for("orders-in", "spark_jobs.examples:order_totals", "order_totals")
+    assert {r[3] for r in rows} == {delivery.delivery_hash(processor_id, ids)}
+    assert statuses(db_url) == {"done": 40}
+
+
+def test_a_batch_submitted_over_http_runs_and_reports_its_counts(db_url, tmp_path, monkeypatch):
+    monkeypatch.setenv("OUTBOXQ_SPARK_LOG_DIR", str(tmp_path))
+    for key, value in _spark_env(db_url).items():
+        monkeypatch.setenv(key, value)
+    payloads = order_payloads(30)
+    enqueue_orders(db_url, payloads)
+
+    with api_client(db_url) as api:
+        r = api.post("/v1/spark/batches", json={"queue": "orders-in", "output_table": "http_totals",
+                                                "processor": "spark_jobs.examples:order_totals",
+                                                "batch_size": 10})
+        assert r.status_code == 202, r.text
+        batch_id = r.json()["id"]
+        deadline = time.monotonic() + 300
+        while (batch := api.get(f"/v1/spark/batches/{batch_id}").json())["state"] in ("pending", "running"):
+            assert time.monotonic() < deadline, "the batch did not finish in 300 s"
+            time.sleep(1)
+
+    log = "".join(p.read_text() for p in tmp_path.glob("*.log"))
+    assert batch["state"] == "done", (batch, log[-3000:])
+    assert batch["jobs_claimed"] == 30 and batch["rows_written"] == len(table_rows(db_url, "http_totals"))
+    assert [s["jobs"] for s in batch["snapshots"]] == [10, 10, 10]
+    assert all(s["state"] == "delivered" for s in batch["snapshots"])
+    assert statuses(db_url) == {"done": 30}
+
+
+def test_a_batch_with_an_unknown_processor_fails_with_a_clear_message(db_url, tmp_path, monkeypatch):
+    monkeypatch.setenv("OUTBOXQ_SPARK_LOG_DIR", str(tmp_path))
+    with api_client(db_url) as api:
+        r = api.post("/v1/spark/batches", json={"queue": "orders-in", "output_table": "t",
+                                                "processor": "no_such_module:f"})
+        assert r.status_code == 202
+        batch_id = r.json()["id"]
+        deadline = time.monotonic() + 60
+        while (batch := api.get(f"/v1/spark/batches/{batch_id}").json())["state"] in ("pending", "running"):
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+    assert batch["state"] == "failed" and "cannot import 'no_such_module'" in batch["error"]
