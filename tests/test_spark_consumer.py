@@ -16,7 +16,12 @@ import pytest
 from app.queue import get_job
 from spark_jobs import delivery, examples
 from spark_jobs.consumer import processor_id_for
-from spark_jobs.delivery import STEP_AFTER_COMMIT, STEP_AFTER_SNAPSHOT, STEP_AFTER_WRITE, STEP_DURING_PROCESSING
+from spark_jobs.delivery import (
+    STEP_AFTER_COMMIT,
+    STEP_AFTER_SNAPSHOT,
+    STEP_AFTER_WRITE,
+    STEP_DURING_PROCESSING,
+)
 from spark_jobs.processing import SparkEngine, infer_schema
 from tests.api_support import api_client
 from tests.spark_support import (

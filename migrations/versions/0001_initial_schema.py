@@ -5,8 +5,8 @@ Revises:
 Create Date: 2026-11-22 22:45:41.595259
 """
 
-from alembic import op
 import sqlalchemy as sa
+from alembic import op
 from sqlalchemy.dialects import postgresql
 
 from app.queue.schema import NOTIFY_FUNCTION_DDL, NOTIFY_TRIGGER_DDL
