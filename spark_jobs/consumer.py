@@ -185,15 +185,34 @@ class Consumer:
         stop = stop or threading.Event()
         batches = 0
         while not stop.is_set() and (max_batches is None or batches < max_batches):
-            if self.run_once():
-                batches += 1
+            try:
+                if self.run_once():
+                    batches += 1
+                    continue
+                if until_empty:
+                    break
+                # Idle: a driver fenced out earlier may have left snapshots of this processor behind.
+                self.recover()
+            except psycopg.OperationalError as exc:
+                # The database went away (restart, failover, network). Nothing half-done is lost: the
+                # snapshot is committed, so reconnecting starts a new epoch and recovers it.
+                log.warning("spark: database connection lost (%s); reconnecting", exc)
+                self._reconnect(stop)
                 continue
-            if until_empty:
-                break
-            # Idle: a driver fenced out earlier may have left snapshots of this processor behind.
-            self.recover()
             stop.wait(self.config.poll_interval)
         return self.stats
+
+    def _reconnect(self, stop: threading.Event) -> None:
+        delay = self.config.poll_interval
+        while not stop.is_set():
+            self.close()
+            try:
+                self.start()
+                return
+            except psycopg.OperationalError as exc:
+                log.warning("spark: reconnect failed (%s); retrying in %.1f s", exc, delay)
+                stop.wait(delay)
+                delay = min(delay * 2, 30.0)
 
     # ------------------------------------------------------------ one batch
 

@@ -309,3 +309,26 @@ def test_bisection_isolates_exactly_the_bad_jobs_deterministically():
     # A processor that fails for everything is a whole-batch failure, within the run budget.
     _, failed, runs, error = isolate_failures(jobs, lambda s: 1 / 0, max_runs=16)
     assert failed == {} and isinstance(error, ZeroDivisionError) and runs <= 16
+
+
+def test_a_consumer_whose_connection_is_cut_reconnects_and_delivers_each_batch_once(db_url):
+    enqueue_orders(db_url, order_payloads(60))
+    c = consumer(db_url, ENGINE, batch_size=20)
+    cut = {"done": False}
+
+    def cut_connection(step: str) -> None:
+        if step == STEP_DURING_PROCESSING and not cut["done"]:
+            cut["done"] = True
+            with psycopg.connect(db_url, autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", (c.conn.info.backend_pid,))
+
+    c.on_step = cut_connection
+    c.start()
+    first_epoch = c.epoch
+    stats = c.run(until_empty=True)
+    c.close()
+
+    assert cut["done"] and c.epoch == first_epoch + 1 and stats.recovered == 1
+    assert statuses(db_url) == {"done": 60}
+    assert sum(r[1] for r in table_rows(db_url)) == 60
+    assert [s["state"] for s in _snapshots(db_url)] == ["delivered"] * 3
