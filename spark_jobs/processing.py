@@ -16,6 +16,8 @@ import importlib
 import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import date, datetime
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Protocol
 
 from app.errors import InvalidInput
@@ -186,25 +188,15 @@ def _python_columns(records: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
     return [(name, "text" if kind == "unknown" else kind) for name, kind in names.items()]
 
 
-def _python_type(value: Any) -> str:
-    from datetime import date, datetime
-    from decimal import Decimal
+# Python value type -> PostgreSQL column type, most specific first (bool is an int, datetime a date).
+_PYTHON_TO_POSTGRES = (
+    (bool, "boolean"), (int, "bigint"), (float, "double precision"), (Decimal, "numeric"),
+    (datetime, "timestamptz"), (date, "date"), (str, "text"),
+)
 
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "bigint"
-    if isinstance(value, float):
-        return "double precision"
-    if isinstance(value, Decimal):
-        return "numeric"
-    if isinstance(value, datetime):
-        return "timestamptz"
-    if isinstance(value, date):
-        return "date"
-    if isinstance(value, str):
-        return "text"
-    return "jsonb"
+
+def _python_type(value: Any) -> str:
+    return next((pg for kind, pg in _PYTHON_TO_POSTGRES if isinstance(value, kind)), "jsonb")
 
 
 class SparkEngine:

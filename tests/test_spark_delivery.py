@@ -106,14 +106,19 @@ def test_recovery_is_idempotent_and_skips_delivered_snapshots(db_url):
     assert sum(r[1] for r in table_rows(db_url)) == 40
 
 
+def _claim_and_process(url: str):
+    """A started consumer that claimed one batch of 20 and processed it, without delivering yet."""
+    started = consumer(url, ENGINE, batch_size=20)
+    started.start()
+    snapshot = delivery.claim_snapshot(
+        started.conn, processor_id=started.processor_id, epoch=started.epoch, queue=QUEUE,
+        output_table=TABLE, batch_size=20, lease_s=600, default_max_attempts=25)
+    return started, snapshot, ENGINE.process(snapshot.jobs, snapshot.delivery_hash)
+
+
 def test_a_zombie_driver_cannot_deliver_after_a_new_one_started(db_url):
     enqueue_orders(db_url, order_payloads(20))
-    zombie = consumer(db_url, ENGINE, batch_size=20)
-    zombie.start()
-    snapshot = delivery.claim_snapshot(
-        zombie.conn, processor_id=zombie.processor_id, epoch=zombie.epoch, queue=QUEUE, output_table=TABLE,
-        batch_size=20, lease_s=600, default_max_attempts=25)
-    result = ENGINE.process(snapshot.jobs, snapshot.delivery_hash)
+    zombie, snapshot, result = _claim_and_process(db_url)
 
     successor = consumer(db_url, ENGINE, batch_size=20)
     successor.start()  # bumps the epoch, recovers the zombie's snapshot and delivers it
@@ -129,12 +134,7 @@ def test_a_zombie_driver_cannot_deliver_after_a_new_one_started(db_url):
 
 def test_a_zombie_is_fenced_even_before_the_new_driver_recovers_its_batch(db_url):
     enqueue_orders(db_url, order_payloads(20))
-    zombie = consumer(db_url, ENGINE, batch_size=20)
-    zombie.start()
-    snapshot = delivery.claim_snapshot(
-        zombie.conn, processor_id=zombie.processor_id, epoch=zombie.epoch, queue=QUEUE, output_table=TABLE,
-        batch_size=20, lease_s=600, default_max_attempts=25)
-    result = ENGINE.process(snapshot.jobs, snapshot.delivery_hash)
+    zombie, snapshot, result = _claim_and_process(db_url)
     with psycopg.connect(db_url) as conn:
         delivery.register_processor(conn, zombie.processor_id)  # a new driver has started, nothing more
 
