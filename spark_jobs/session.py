@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Mapping
@@ -63,6 +64,8 @@ def build_session(
     builder = SparkSession.builder
     for key, value in conf.items():
         builder = builder.config(key, value)
+    # py4j logs every connection it opens and closes at INFO, even at interpreter exit (to closed streams).
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("OUTBOXQ_SPARK_LOG_LEVEL", "WARN"))
     return spark
