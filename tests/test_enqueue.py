@@ -160,3 +160,27 @@ def test_get_job_returns_the_documented_fields(conn):
     assert (got.id, got.queue, got.key, got.status, got.attempts, got.last_error, got.max_attempts) == (
         job.id, "emails", "k", JobStatus.QUEUED, 0, None, 3)
     assert get_job(conn, 999_999) is None
+
+
+def test_enqueue_many_without_keys_returns_what_was_stored_and_notifies_once(db_url):
+    """The key-less path (COPY with reserved ids) stores exactly the jobs it returns."""
+    with psycopg.connect(db_url, autocommit=True) as listener:
+        listener.execute("LISTEN outboxq_jobs")
+        with psycopg.connect(db_url) as conn:
+            jobs = enqueue_many(conn, "copied", [{"n": i} for i in range(500)] + [[1], "s", None],
+                                delay=30, priority=3, max_attempts=4)
+            conn.commit()
+        stored = [get_job(listener, job.id) for job in jobs]
+        scheduled_notifications = list(listener.notifies(timeout=0.5, stop_after=5))
+        with psycopg.connect(db_url) as conn:
+            enqueue_many(conn, "copied", list(range(100)))
+            conn.commit()
+        ready_notifications = list(listener.notifies(timeout=2, stop_after=1))
+    assert [s.payload for s in stored] == [{"n": i} for i in range(500)] + [[1], "s", None]
+    for job, row in zip(jobs, stored, strict=True):
+        assert (row.queue, row.status, row.priority, row.max_attempts) == ("copied", JobStatus("queued"), 3, 4)
+        assert (job.run_at, job.created_at) == (row.run_at, row.created_at)
+        assert row.run_at - row.created_at == timedelta(seconds=30)
+    assert len({job.id for job in jobs}) == 503
+    assert scheduled_notifications == []  # scheduled jobs are not ready: no wake-up
+    assert [n.payload for n in ready_notifications] == ["copied"]

@@ -6,6 +6,7 @@ import importlib
 import inspect
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from app.errors import InvalidInput
@@ -33,12 +34,13 @@ class Consumer:
     depends_on: Callable[[Any], Iterable[tuple[str, str]]] | None = None
     consumer_id: str | None = None
 
-    @property
+    # Cached: the executor asks for every job, and inspect.signature costs more than a no-op handler.
+    @cached_property
     def is_async(self) -> bool:
         """True when the handler is a coroutine function."""
         return inspect.iscoroutinefunction(self.handler)
 
-    @property
+    @cached_property
     def takes_context(self) -> bool:
         """True when the handler accepts (payload, ctx) rather than (payload)."""
         try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -261,28 +261,12 @@ def enqueue_many(
     encoded = [encode_payload(queue, p) for p in payloads]
     context = job_context.capture()
     pg = psycopg_connection(conn)
-    with pg.cursor(row_factory=dict_row) as cur:
-        cur.execute(
-            sql.job_insert_many,
-            {
-                "queue": queue,
-                "keys": key_list,
-                "payloads": [e[0] for e in encoded],
-                "payloads_bytes": [e[1] for e in encoded],
-                "priority": priority,
-                "run_at": run_at,
-                "delay": delay_s,
-                "max_attempts": max_attempts,
-                "context": context,
-            },
-        )
-        rows = cur.fetchall()
-        if len(rows) != len(payloads):
-            # A key already existed: undo this call's rows so the caller's transaction stays whole.
-            inserted_keys = {r["key"] for r in rows}
-            duplicate = next(k for k in key_list if k is not None and k not in inserted_keys)
-            cur.execute(sql.job_delete_by_ids, {"ids": [r["id"] for r in rows]})
-            raise DuplicateJob(queue, duplicate)
+    if keys is None or all(k is None for k in key_list):
+        rows = _copy_jobs(pg, queue, encoded, priority=priority, run_at=run_at, delay_s=delay_s,
+                          max_attempts=max_attempts, context=context)
+    else:
+        rows = _insert_jobs(pg, queue, key_list, encoded, priority=priority, run_at=run_at, delay_s=delay_s,
+                            max_attempts=max_attempts, context=context)
     context_value = json.loads(context) if context else None
     return [
         Job(
@@ -299,6 +283,51 @@ def enqueue_many(
         )
         for row, payload in zip(rows, payloads, strict=True)
     ]
+
+
+def _copy_jobs(pg: psycopg.Connection, queue: str, encoded: list[tuple[str | None, bytes | None]], *,
+               priority: int, run_at: datetime | None, delay_s: float | None, max_attempts: int | None,
+               context: str | None) -> list[dict[str, Any]]:
+    """Write key-less jobs with COPY (no key can conflict); the rows as an INSERT would return them."""
+    with pg.cursor(row_factory=dict_row) as cur:
+        reserved = cur.execute(sql.job_reserve_ids, {"n": len(encoded)}).fetchone()
+        now = reserved["now"]
+        due = run_at or (now + timedelta(seconds=delay_s or 0.0))
+        with cur.copy(sql.job_copy) as copy:
+            for job_id, (payload, payload_bytes) in zip(reserved["ids"], encoded, strict=True):
+                copy.write_row((job_id, queue, "queued", payload, payload_bytes, priority, due, max_attempts,
+                                context, now))
+    return [{"id": job_id, "key": None, "status": "queued", "run_at": due, "created_at": now}
+            for job_id in reserved["ids"]]
+
+
+def _insert_jobs(pg: psycopg.Connection, queue: str, key_list: list[str | None],
+                 encoded: list[tuple[str | None, bytes | None]], *, priority: int, run_at: datetime | None,
+                 delay_s: float | None, max_attempts: int | None, context: str | None) -> list[dict[str, Any]]:
+    """Write jobs with keys in one INSERT; DuplicateJob (and this call's rows undone) when a key exists."""
+    with pg.cursor(row_factory=dict_row) as cur:
+        cur.execute(
+            sql.job_insert_many,
+            {
+                "queue": queue,
+                "keys": key_list,
+                "payloads": [e[0] for e in encoded],
+                "payloads_bytes": [e[1] for e in encoded],
+                "priority": priority,
+                "run_at": run_at,
+                "delay": delay_s,
+                "max_attempts": max_attempts,
+                "context": context,
+            },
+        )
+        rows = cur.fetchall()
+        if len(rows) != len(encoded):
+            # A key already existed: undo this call's rows so the caller's transaction stays whole.
+            inserted_keys = {r["key"] for r in rows}
+            duplicate = next(k for k in key_list if k is not None and k not in inserted_keys)
+            cur.execute(sql.job_delete_by_ids, {"ids": [r["id"] for r in rows]})
+            raise DuplicateJob(queue, duplicate)
+    return rows
 
 
 def get_job(conn: Any, job_id: int) -> Job | None:

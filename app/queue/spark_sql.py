@@ -53,8 +53,7 @@ SET status = 'running',
     worker_id = %(worker_id)s,
     started_at = coalesce(j.started_at, now()),
     attempt_started_at = now()
-FROM picked
-WHERE j.id = picked.id
+WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
 RETURNING j.id, j.queue, j.attempts, j.max_attempts, {_ROW_JSON}
 """
 
