@@ -31,6 +31,8 @@ class Settings(BaseSettings):
     batch_size: int = 500
     concurrency: int = 16
     shutdown_timeout: float = 30.0
+    # sys.setswitchinterval for worker processes (0: leave the interpreter's 5 ms default).
+    worker_switch_interval_s: float = 0.001
 
     # Maintenance
     retention_done_s: float = 7 * 24 * 3600.0

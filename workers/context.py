@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import cached_property
 from typing import Any
 
 import psycopg
@@ -48,12 +48,19 @@ class JobContext:
         self.consumer_id = consumer_id
         self.captured_context = captured_context or {}
         self._connection_factory = connection_factory
-        self._cancelled = threading.Event()
+        # A plain flag, not an Event: set by the worker's keeper thread, read by the handler; nothing waits
+        # on it, and a job context is made for every job on the hot path.
+        self._cancelled = False
         self.fenced = False
         self.completed_in_transaction = False
-        self.log = logging.LoggerAdapter(
+
+    @cached_property
+    def log(self) -> logging.LoggerAdapter:
+        """A logger whose every line carries the job's queue, id, attempt and captured context."""
+        return logging.LoggerAdapter(
             log,
-            {"queue": queue, "job_id": job_id, "attempt": attempt, "job_context": self.captured_context},
+            {"queue": self.queue, "job_id": self.job_id, "attempt": self.attempt,
+             "job_context": self.captured_context},
         )
 
     @property
@@ -64,11 +71,11 @@ class JobContext:
     @property
     def cancelled(self) -> bool:
         """True once an operator asked this running job to stop (or its lease was lost)."""
-        return self._cancelled.is_set()
+        return self._cancelled
 
     def request_cancel(self) -> None:
         """Set by the worker when the job's cancel was requested or its lease was lost."""
-        self._cancelled.set()
+        self._cancelled = True
 
     @contextmanager
     def transaction(self) -> Iterator[psycopg.Connection]:
