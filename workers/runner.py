@@ -227,8 +227,9 @@ class Worker:
     def _room(self) -> int:
         with self._lock:
             in_flight, buffered = len(self._in_flight), self._buffered
-        # Claim again only while the handlers risk running dry; that keeps batches large but prefetch bounded.
-        if buffered >= max(self.concurrency, self.max_in_flight // 2):
+        # Claim again only while the handlers risk running dry (a quarter batch left unstarted): fast jobs get
+        # the next batch while the last one is being completed; slow jobs are not hoarded by one worker.
+        if buffered >= max(self.concurrency, self.batch_size // 4):
             return 0
         return self.max_in_flight - in_flight
 
