@@ -133,18 +133,19 @@ RETURNING j.id, j.queue, j.key, j.payload, j.payload_bytes, j.attempts, j.max_at
               AS queue_failing
 """
 
-# Complete many jobs at once, each fenced by its lease token (paired with its id by position in the
-# arrays), and release the waiting jobs whose last dependency just finished (notifying their queues).
-# Returns the ids that were completed; an id missing from the result was fenced (its lease was taken away).
-# Rows must be found by primary key (id = ANY): otherwise the planner may scan the whole lease index
-# (status = 'running'), whose dead entries (every job that ran since the last vacuum) make each completion
-# slower than the last during a long drain, or loop over the unnest for every row.
+# Complete many jobs at once, each fenced by its own lease token, and release the waiting jobs whose last
+# dependency just finished (notifying their queues). Returns the ids that were completed; an id missing
+# from the result was fenced (its lease was taken away). Rows are found by primary key (id = ANY) and each
+# one's token looked up in a jsonb object built once (a binary search): otherwise the planner may scan the
+# whole lease index (status = 'running'), whose dead entries (every job that ran since the last vacuum)
+# make each completion slower than the last during a long drain, or loop over the pairs for every row.
 job_complete_batch = f"""
 WITH done AS (
     UPDATE outboxq_jobs j
     SET status = 'done', finished_at = now(), lease_token = NULL, lease_expires_at = NULL
     WHERE j.id = ANY(%(ids)s::bigint[])
-      AND j.lease_token = (%(lease_tokens)s::uuid[])[array_position(%(ids)s::bigint[], j.id)]
+      AND j.lease_token = ((SELECT jsonb_object(%(ids)s::bigint[]::text[], %(lease_tokens)s::uuid[]::text[]))
+                           ->> j.id::text)::uuid
       AND (j.status = 'running') IS TRUE  -- written so that the lease index's predicate does not match
     RETURNING j.id
 ),
@@ -222,7 +223,8 @@ job_heartbeat = """
 UPDATE outboxq_jobs j
 SET lease_expires_at = now() + %(lease_s)s::float8 * interval '1 second'
 WHERE j.id = ANY(%(ids)s::bigint[])
-  AND j.lease_token = (%(lease_tokens)s::uuid[])[array_position(%(ids)s::bigint[], j.id)]
+  AND j.lease_token = ((SELECT jsonb_object(%(ids)s::bigint[]::text[], %(lease_tokens)s::uuid[]::text[]))
+                       ->> j.id::text)::uuid
   AND (j.status = 'running') IS TRUE  -- by primary key, as job_complete_batch
 RETURNING j.id, j.cancel_requested
 """
