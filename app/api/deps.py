@@ -48,17 +48,17 @@ def idempotent_write(
     pool: ConnectionPool,
     principal_id: str,
     idempotency_key: str | None,
-    request_body: Any,
+    request_body: Callable[[], Any],
     work: Callable[[psycopg.Connection[Any]], Any],
     status: int = 201,
 ) -> JSONResponse:
     """Run `work` in one transaction, with the Idempotency-Key row (when given) written in the same one.
 
     The same key and body again answer 200 with the stored response and write nothing; the same key with
-    another body is a 409.
+    another body is a 409. `request_body` gives the JSON of the request (called only when a key is given).
     """
     scope = f"{principal_id}:{request.method} {request.url.path}"
-    body_hash = idempotency.request_hash(request_body) if idempotency_key is not None else ""
+    body_hash = idempotency.request_hash(request_body()) if idempotency_key is not None else ""
     with transaction(pool) as conn:
         if idempotency_key is not None:
             stored = idempotency.begin(conn, scope, idempotency_key, body_hash)

@@ -69,11 +69,14 @@ class Job:
     def to_dict(self) -> dict[str, Any]:
         """The job as plain JSON-able values."""
         out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
+        for name in _FIELD_NAMES:
+            value = getattr(self, name)
             if isinstance(value, JobStatus):
                 value = value.value
             elif isinstance(value, datetime):
                 value = value.isoformat()
-            out[f.name] = value
+            out[name] = value
         return out
+
+
+_FIELD_NAMES = tuple(f.name for f in fields(Job))  # dataclasses.fields() is slow on the per-job path

@@ -41,4 +41,4 @@ def create_order(body: OrderCreate, request: Request, principal: EnqueuePrincipa
         return {"order_id": order_id, "job_id": job.id}
 
     return idempotent_write(request, pool, principal.id, idempotency_key,
-                            body.model_dump(mode="json"), work)
+                            lambda: body.model_dump(mode="json"), work)
