@@ -211,19 +211,9 @@ def enqueue(
             raise DuplicateJob(queue, key or "")
         if dependency_ids:
             cur.execute(sql.job_dependencies_insert, {"job_id": row["id"], "depends_on_ids": dependency_ids})
-    return Job(
-        id=row["id"],
-        queue=queue,
-        key=key,
-        status=JobStatus(row["status"]),
-        payload=payload,
-        priority=priority,
-        run_at=row["run_at"],
-        max_attempts=max_attempts,
-        waiting_reason=waiting_reason,
-        context=json.loads(context) if context else None,
-        created_at=row["created_at"],
-    )
+    return _written_job(row, queue, payload, priority=priority, max_attempts=max_attempts,
+                        context=json.loads(context) if context else None, key=key,
+                        waiting_reason=waiting_reason)
 
 
 def enqueue_many(
@@ -268,21 +258,17 @@ def enqueue_many(
         rows = _insert_jobs(pg, queue, key_list, encoded, priority=priority, run_at=run_at, delay_s=delay_s,
                             max_attempts=max_attempts, context=context)
     context_value = json.loads(context) if context else None
-    return [
-        Job(
-            id=row["id"],
-            queue=queue,
-            key=row["key"],
-            status=JobStatus(row["status"]),
-            payload=payload,
-            priority=priority,
-            run_at=row["run_at"],
-            max_attempts=max_attempts,
-            context=context_value,
-            created_at=row["created_at"],
-        )
-        for row, payload in zip(rows, payloads, strict=True)
-    ]
+    return [_written_job(row, queue, payload, priority=priority, max_attempts=max_attempts, context=context_value,
+                         key=row["key"])
+            for row, payload in zip(rows, payloads, strict=True)]
+
+
+def _written_job(row: dict[str, Any], queue: str, payload: Any, *, priority: int, max_attempts: int | None,
+                 context: Any, key: str | None, waiting_reason: str | None = None) -> Job:
+    """The Job just written: what the caller gave plus what the database assigned (id, status, times)."""
+    return Job(id=row["id"], queue=queue, key=key, status=JobStatus(row["status"]), payload=payload,
+               priority=priority, run_at=row["run_at"], max_attempts=max_attempts,
+               waiting_reason=waiting_reason, context=context, created_at=row["created_at"])
 
 
 def _copy_jobs(pg: psycopg.Connection, queue: str, encoded: list[tuple[str | None, bytes | None]], *,
