@@ -53,8 +53,7 @@ class ConsumerConfig:
             "batch_size": settings.spark_batch_size,
             "lease_s": settings.spark_lease_s,
             "poll_interval": settings.poll_interval,
-            "retry_policy": RetryPolicy(settings.max_attempts, settings.backoff_base, settings.backoff_max,
-                                        settings.backoff_jitter),
+            "retry_policy": RetryPolicy.from_settings(settings),
         }
         defaults.update({k: v for k, v in fields.items() if v is not None})
         return cls(**defaults)

@@ -57,13 +57,9 @@ class Consumer:
 
     def retry_policy(self, settings: Settings | None = None) -> RetryPolicy:
         """The consumer's retry policy, with the settings' defaults for what it leaves unset."""
-        s = settings or get_settings()
-        return RetryPolicy(
-            max_attempts=s.max_attempts if self.max_attempts is None else self.max_attempts,
-            backoff_base=s.backoff_base if self.backoff_base is None else self.backoff_base,
-            backoff_max=s.backoff_max if self.backoff_max is None else self.backoff_max,
-            jitter=s.backoff_jitter if self.jitter is None else self.jitter,
-        )
+        return RetryPolicy.from_settings(settings or get_settings(), max_attempts=self.max_attempts,
+                                         backoff_base=self.backoff_base, backoff_max=self.backoff_max,
+                                         jitter=self.jitter)
 
     def effective_lease_s(self, settings: Settings | None = None) -> float:
         """Seconds a claim holds the job before another worker may rescue it (renewed while running)."""

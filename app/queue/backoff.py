@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from app.settings import Settings
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,6 +18,14 @@ class RetryPolicy:
     backoff_base: float = 5.0
     backoff_max: float = 3600.0
     jitter: float = 0.25  # fraction of the delay drawn at random, so failed jobs do not retry in lockstep
+
+    @classmethod
+    def from_settings(cls, settings: Settings, **overrides: float | int | None) -> RetryPolicy:
+        """The settings' default policy, with the overrides that are not None."""
+        values = {"max_attempts": settings.max_attempts, "backoff_base": settings.backoff_base,
+                  "backoff_max": settings.backoff_max, "jitter": settings.backoff_jitter}
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
 
     def is_exhausted(self, attempts: int, max_attempts: int | None = None) -> bool:
         """True when a job that has made `attempts` attempts may not run again."""
