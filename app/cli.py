@@ -9,18 +9,18 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from app.errors import OutboxqError, SchemaOutOfDate
+from outboxq.errors import OutboxqError, SchemaOutOfDate
 
 
 def _url() -> str:
-    from app.db import database_url
+    from outboxq.db import database_url
 
     return database_url()
 
 
 def _current_url() -> str:
     """The database URL, refusing to go on when its schema is not migrated to this version."""
-    from app.queue.migrate import ensure_current
+    from outboxq.queue.migrate import ensure_current
 
     url = _url()
     ensure_current(url)
@@ -55,7 +55,7 @@ def _cell(value: Any) -> str:
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     """Apply the migrations."""
-    from app.queue.migrate import upgrade
+    from outboxq.queue.migrate import upgrade
 
     revision = upgrade(_url())
     print(f"schema is at revision {revision}")
@@ -64,8 +64,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the HTTP service."""
-    from app.api.server import serve
-    from app.settings import get_settings
+    from outboxq.api.server import serve
+    from outboxq.settings import get_settings
 
     _current_url()
     settings = get_settings()
@@ -79,8 +79,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     """Run a worker for the consumers of the given handler modules until SIGTERM/SIGINT."""
-    from workers.registry import load_handler_modules
-    from workers.runner import Worker
+    from outboxq.workers.registry import load_handler_modules
+    from outboxq.workers.runner import Worker
 
     url = _current_url()
     consumers = load_handler_modules(args.handlers.split(","))
@@ -97,8 +97,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Migrate, run example handlers on business transactions, and check the outcome."""
-    from app.demo import run_demo
-    from app.queue.migrate import upgrade
+    from outboxq.demo import run_demo
+    from outboxq.queue.migrate import upgrade
 
     url = _url()
     upgrade(url)
@@ -107,9 +107,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_queues(args: argparse.Namespace) -> int:
     """A table of queues with their job counts per status."""
-    from app.db import connect
-    from app.queue import admin
-    from app.queue.jobs import JobStatus
+    from outboxq.db import connect
+    from outboxq.queue import admin
+    from outboxq.queue.jobs import JobStatus
 
     with connect(_current_url()) as conn:
         infos = admin.queue_counts(conn)
@@ -120,8 +120,8 @@ def cmd_queues(args: argparse.Namespace) -> int:
 
 def cmd_pause(args: argparse.Namespace) -> int:
     """Pause or resume a queue."""
-    from app.db import connect
-    from app.queue import admin
+    from outboxq.db import connect
+    from outboxq.queue import admin
 
     with connect(_current_url()) as conn:
         admin.set_paused(conn, args.queue, args.command == "pause")
@@ -131,8 +131,8 @@ def cmd_pause(args: argparse.Namespace) -> int:
 
 def cmd_jobs(args: argparse.Namespace) -> int:
     """Job operations: errors of a queue, retry, cancel, show."""
-    from app.db import connect
-    from app.queue import admin, get_job
+    from outboxq.db import connect
+    from outboxq.queue import admin, get_job
 
     with connect(_current_url()) as conn:
         if args.jobs_command == "errors":
@@ -158,8 +158,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 def cmd_stats(args: argparse.Namespace) -> int:
     """Retry and processing-time statistics per queue."""
-    from app.db import connect
-    from app.queue import admin
+    from outboxq.db import connect
+    from outboxq.queue import admin
 
     with connect(_current_url()) as conn:
         retries = admin.retry_stats(conn, age_days=args.age_days, queue=args.queue)
@@ -176,8 +176,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 def cmd_create_role(args: argparse.Namespace) -> int:
     """Create the least-privilege role the API and workers should run as."""
-    from app.db import connect
-    from app.queue.roles import create_app_role
+    from outboxq.db import connect
+    from outboxq.queue.roles import create_app_role
 
     with connect(_current_url()) as conn:
         create_app_role(conn, args.role, password=args.password)
@@ -245,18 +245,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--password")
     p.set_defaults(func=cmd_create_role)
 
-    for module in ("spark_jobs.cli", "app.bench", "app.chaos"):
-        try:
-            register = __import__(module, fromlist=["register"]).register
-        except (ImportError, AttributeError):
-            continue  # optional parts (the spark extra) may not be installed
-        register(sub)
+    # Imported explicitly: a broken import is an error with its message. Each module imports its heavy
+    # dependencies (PySpark, the peers' packages) only when its command runs.
+    from outboxq.spark_jobs import cli as spark_cli
+    from outboxq.tools import bench, chaos
+
+    for module in (spark_cli, bench, chaos):
+        module.register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `outboxq` console script."""
-    from app.logs import configure_logging
+    from outboxq.logs import configure_logging
 
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -8,7 +8,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from app.settings import Settings, get_settings
+from outboxq.settings import Settings, get_settings
 
 _resolved_url: str | None = None
 
@@ -24,7 +24,7 @@ def database_url(settings: Settings | None = None) -> str:
     if settings.database_url:
         return normalize_url(settings.database_url)
     if _resolved_url is None:
-        from app.embedded import start_embedded
+        from outboxq.embedded import start_embedded
 
         _resolved_url = start_embedded(settings.embedded_data_dir)
         os.environ["DATABASE_URL"] = _resolved_url

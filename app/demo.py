@@ -10,8 +10,8 @@ from collections import Counter
 import psycopg
 from psycopg.rows import dict_row
 
-from app.queue import enqueue
-from app.queue.jobs import JobStatus
+from outboxq.queue import enqueue
+from outboxq.queue.jobs import JobStatus
 
 
 class RolledBack(Exception):
@@ -46,9 +46,9 @@ def _place_order(conn: psycopg.Connection, run: str, i: int, rolled_back: set[st
 
 def run_demo(url: str, *, orders: int = 300, timeout_s: float = 50.0, out=sys.stdout) -> int:
     """Run the demo against `url` (already migrated); returns the exit code (0 only when all was right)."""
-    from workers import examples
-    from workers.registry import get_consumer
-    from workers.runner import Worker
+    from outboxq.workers import examples
+    from outboxq.workers.registry import get_consumer
+    from outboxq.workers.runner import Worker
 
     run = uuid.uuid4().hex[:8]
     with psycopg.connect(url, autocommit=True) as conn:

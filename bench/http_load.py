@@ -27,8 +27,8 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.db import url_with_database  # noqa: E402
-from app.queue.migrate import upgrade  # noqa: E402
+from outboxq.db import url_with_database  # noqa: E402
+from outboxq.queue.migrate import upgrade  # noqa: E402
 
 
 def free_port() -> int:
@@ -49,7 +49,7 @@ def main() -> int:
     if not server_url:
         import tempfile
 
-        from app.embedded import start_embedded
+        from outboxq.embedded import start_embedded
 
         server_url = start_embedded(Path(tempfile.mkdtemp(prefix="outboxq-load-")) / "pgdata", cleanup_mode="delete")
     name = f"outboxq_load_{uuid.uuid4().hex[:8]}"
@@ -60,7 +60,7 @@ def main() -> int:
     port, token = free_port(), uuid.uuid4().hex
     env = {**os.environ, "DATABASE_URL": url, "OUTBOXQ_API_TOKENS": f"{token}:admin", "PYTHONPATH": str(ROOT),
            "OUTBOXQ_DB_POOL_MAX": str(max(4, args.threads))}
-    server = subprocess.Popen([sys.executable, "-m", "app.cli", "--log-level", "WARNING", "serve", "--host",
+    server = subprocess.Popen([sys.executable, "-m", "outboxq.cli", "--log-level", "WARNING", "serve", "--host",
                                "127.0.0.1", "--port", str(port)], env=env, cwd=ROOT)
     base = f"http://127.0.0.1:{port}"
     try:

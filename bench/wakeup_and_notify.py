@@ -27,10 +27,10 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.db import database_url, url_with_database  # noqa: E402
-from app.queue import enqueue, migrate  # noqa: E402
-from workers.registry import Consumer  # noqa: E402
-from workers.runner import Worker  # noqa: E402
+from outboxq.db import database_url, url_with_database  # noqa: E402
+from outboxq.queue import enqueue, migrate  # noqa: E402
+from outboxq.workers.registry import Consumer  # noqa: E402
+from outboxq.workers.runner import Worker  # noqa: E402
 
 
 def throughput(url: str, jobs: int, connections: int) -> float:

@@ -3,8 +3,8 @@
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from app.db import database_url, sqlalchemy_url
-from app.queue.schema import metadata
+from outboxq.db import database_url, sqlalchemy_url
+from outboxq.queue.schema import metadata
 
 config = context.config
 target_metadata = metadata

@@ -19,10 +19,10 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from app.errors import InvalidInput
-from app.queue import spark_sql
-from spark_jobs.consumer import processor_id_for
-from spark_jobs.delivery import validate_output_table
+from outboxq.errors import InvalidInput
+from outboxq.queue import spark_sql
+from outboxq.spark_jobs.consumer import processor_id_for
+from outboxq.spark_jobs.delivery import validate_output_table
 
 log = logging.getLogger("outboxq.spark")
 
@@ -61,7 +61,7 @@ def launch_batch(batch_id: int) -> subprocess.Popen:
     log_path = log_dir / f"outboxq-spark-batch-{batch_id}.log"
     with open(log_path, "ab") as output:
         process = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "spark", "run", "--batch-id", str(batch_id)],
+            [sys.executable, "-m", "outboxq.cli", "spark", "run", "--batch-id", str(batch_id)],
             stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         )
     log.info("spark: batch %s launched (pid %s, log %s)", batch_id, process.pid, log_path)

@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any
 
-from app.errors import InvalidInput
+from outboxq.errors import InvalidInput
 
 # Fault injection for the crash tests and for operators rehearsing a failure: the process exits at once,
 # without cleanup, when it reaches this step (after_snapshot, during_processing, after_write, after_commit).
@@ -38,11 +38,11 @@ def crash_hook_from_env() -> Any:
 
 def cmd_spark_run(args: argparse.Namespace) -> int:
     """Run a Spark consumer: recover, then claim → process → deliver until stopped (or the queue is empty)."""
-    from app.cli import _current_url
-    from app.db import connect
-    from app.progress import Progress
-    from spark_jobs import batches
-    from spark_jobs.processing import load_processor
+    from outboxq.cli import _current_url
+    from outboxq.db import connect
+    from outboxq.progress import Progress
+    from outboxq.spark_jobs import batches
+    from outboxq.spark_jobs.processing import load_processor
 
     url = _current_url()
     batch_id = args.batch_id
@@ -79,10 +79,10 @@ def cmd_spark_run(args: argparse.Namespace) -> int:
 
 def _consume(url: str, fields: dict[str, Any], function: Any, args: argparse.Namespace, status_conn: Any,
              batch_id: int | None, progress: Any) -> dict[str, Any]:
-    from spark_jobs import batches
-    from spark_jobs.consumer import Consumer, ConsumerConfig
-    from spark_jobs.processing import SparkEngine
-    from spark_jobs.session import build_session
+    from outboxq.spark_jobs import batches
+    from outboxq.spark_jobs.consumer import Consumer, ConsumerConfig
+    from outboxq.spark_jobs.processing import SparkEngine
+    from outboxq.spark_jobs.session import build_session
 
     config = ConsumerConfig.from_settings(
         queue=fields["queue"], processor=fields["processor"], output_table=fields["output_table"],
@@ -130,7 +130,7 @@ def _consume(url: str, fields: dict[str, Any], function: Any, args: argparse.Nam
 
 def cmd_spark_bench(args: argparse.Namespace) -> int:
     """Claim → process → deliver N small jobs with Spark (warm session) and with the plain worker path."""
-    from spark_jobs.bench import run_bench
+    from outboxq.tools.spark_bench import run_bench
 
     results = run_bench(jobs=args.jobs, batch_size=args.batch_size, rounds=args.rounds, master=args.master)
     print(json.dumps(results, indent=2) if args.json else results["table"])

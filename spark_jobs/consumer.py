@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from app.db import connect
-from app.queue.backoff import RetryPolicy
-from app.settings import Settings, get_settings
-from spark_jobs import delivery
-from spark_jobs.delivery import STEP_DURING_PROCESSING, DeliveryFenced, Snapshot, StepHook, _no_hook
-from spark_jobs.processing import BatchEngine, BatchFailed
+from outboxq.db import connect
+from outboxq.queue.backoff import RetryPolicy
+from outboxq.settings import Settings, get_settings
+from outboxq.spark_jobs import delivery
+from outboxq.spark_jobs.delivery import STEP_DURING_PROCESSING, DeliveryFenced, Snapshot, StepHook, _no_hook
+from outboxq.spark_jobs.processing import BatchEngine, BatchFailed
 
 log = logging.getLogger("outboxq.spark")
 

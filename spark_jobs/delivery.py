@@ -28,10 +28,10 @@ from psycopg import sql as pgsql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from app.errors import InvalidInput, LeaseLost, OutboxqError
-from app.queue import spark_sql
-from app.queue import sql as job_sql
-from app.queue.backoff import RetryPolicy
+from outboxq.errors import InvalidInput, LeaseLost, OutboxqError
+from outboxq.queue import spark_sql
+from outboxq.queue import sql as job_sql
+from outboxq.queue.backoff import RetryPolicy
 
 log = logging.getLogger("outboxq.spark")
 

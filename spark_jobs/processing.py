@@ -20,8 +20,8 @@ from datetime import date, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Protocol
 
-from app.errors import InvalidInput
-from spark_jobs.delivery import SnapshotJob, describe_exception
+from outboxq.errors import InvalidInput
+from outboxq.spark_jobs.delivery import SnapshotJob, describe_exception
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

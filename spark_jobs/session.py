@@ -8,7 +8,7 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from app.settings import Settings, get_settings
+from outboxq.settings import Settings, get_settings
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -9,8 +9,8 @@ from typing import Any
 import psycopg
 from fastapi.testclient import TestClient
 
-from app.api import create_app
-from app.settings import Settings
+from outboxq.api import create_app
+from outboxq.settings import Settings
 
 TOKENS = {"admin": "admin-secret-token", "read": "read-secret-token", "enqueue": "enqueue-secret-token",
           "enqueue+read": "writer-secret-token"}

@@ -17,8 +17,8 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from app.db import url_with_database
-from app.queue import migrate
+from outboxq.db import url_with_database
+from outboxq.queue import migrate
 
 
 def _docker_answers() -> bool:
@@ -45,7 +45,7 @@ def pg_server_url() -> Iterator[str]:
         with PostgresContainer("postgres:16-alpine", driver=None) as container:
             yield container.get_connection_url()
         return
-    from app.embedded import start_embedded
+    from outboxq.embedded import start_embedded
 
     data_dir = tempfile.mkdtemp(prefix="outboxq-test-pg-")
     yield start_embedded(os.path.join(data_dir, "pgdata"), cleanup_mode="delete")
@@ -75,7 +75,7 @@ def db_url(pg_server_url: str, template_db: str, monkeypatch: pytest.MonkeyPatch
         conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
     url = url_with_database(pg_server_url, name)
     monkeypatch.setenv("DATABASE_URL", url)
-    from app.settings import get_settings
+    from outboxq.settings import get_settings
 
     get_settings.cache_clear()
     yield url

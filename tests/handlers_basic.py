@@ -8,7 +8,7 @@ import time
 
 import psycopg
 
-from workers import JobContext, consumer
+from outboxq.workers import JobContext, consumer
 
 _local = threading.local()
 

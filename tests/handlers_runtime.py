@@ -11,11 +11,11 @@ from contextvars import ContextVar
 import psycopg
 import pytest
 
-from workers import JobContext, consumer
-from workers import registry as registry_module
+from outboxq.workers import JobContext, consumer
+from outboxq.workers import registry as registry_module
 
 # app.queue re-exports the enqueue function under the submodule's name.
-enqueue_module = importlib.import_module("app.queue.enqueue")
+enqueue_module = importlib.import_module("outboxq.queue.enqueue")
 
 # A context variable captured at enqueue (configured by the context-propagation tests).
 request_id: ContextVar[str] = ContextVar("request_id")

@@ -12,10 +12,10 @@ from typing import Any
 import psycopg
 from psycopg import sql as pgsql
 
-from app.db import url_with_database
-from app.queue import enqueue_many
-from spark_jobs.consumer import Consumer, ConsumerConfig
-from spark_jobs.processing import BatchEngine
+from outboxq.db import url_with_database
+from outboxq.queue import enqueue_many
+from outboxq.spark_jobs.consumer import Consumer, ConsumerConfig
+from outboxq.spark_jobs.processing import BatchEngine
 
 QUEUE = "orders-in"
 TABLE = "customer_totals"

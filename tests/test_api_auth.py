@@ -7,10 +7,10 @@ import re
 
 import pytest
 
-from app.api import create_app
-from app.api.auth import authenticate, parse_tokens
-from app.api.server import ensure_token
-from app.settings import Settings
+from outboxq.api import create_app
+from outboxq.api.auth import authenticate, parse_tokens
+from outboxq.api.server import ensure_token
+from outboxq.settings import Settings
 from tests.api_support import TOKENS, api_client, api_settings, auth
 
 SCOPE_HOLDERS = {"admin": {"admin"}, "read": {"read", "enqueue+read", "admin"},

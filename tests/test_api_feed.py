@@ -9,7 +9,7 @@ import time
 import psycopg
 import pytest
 
-from app.queue.enqueue import enqueue
+from outboxq.queue.enqueue import enqueue
 from tests.api_support import api_client
 
 

@@ -14,7 +14,7 @@ from urllib.parse import quote
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.api import create_app
+from outboxq.api import create_app
 from tests.api_support import api_client, api_settings
 
 json_values = st.recursive(

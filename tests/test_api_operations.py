@@ -140,7 +140,7 @@ def test_readyz_is_503_while_the_database_is_away(db_url):
 
 
 def test_readyz_is_503_while_the_schema_is_not_current(pg_server_url, db_url):
-    from app.db import url_with_database
+    from outboxq.db import url_with_database
 
     name = db_url.rsplit("/", 1)[1] + "_empty"
     with psycopg.connect(pg_server_url, autocommit=True) as conn:

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.client import Client, Conflict, Forbidden
+from outboxq.client import Client, Conflict, Forbidden
 from tests.api_support import job_count
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,7 +31,7 @@ def _start(db_url: str, tmp_path: Path, tokens: str | None) -> tuple[subprocess.
     if tokens is not None:
         env["OUTBOXQ_API_TOKENS"] = tokens
     log = tmp_path / f"api-{port}.log"
-    process = subprocess.Popen([sys.executable, "-c", "from app.api.server import main; main()"], cwd=ROOT,
+    process = subprocess.Popen([sys.executable, "-c", "from outboxq.api.server import main; main()"], cwd=ROOT,
                                env=env, stdout=subprocess.DEVNULL, stderr=log.open("w"))
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60

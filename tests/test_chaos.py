@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from app.chaos import FAULT_KINDS, ChaosConfig, format_report, run_chaos
+from outboxq.tools.chaos import FAULT_KINDS, ChaosConfig, format_report, run_chaos
 
 
 def test_small_chaos_scenario_loses_nothing_and_runs_nothing_twice():

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import psycopg
 
-from app.db import url_with_database
+from outboxq.db import url_with_database
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_cli(*args, url, timeout=120):
     env = {**os.environ, "DATABASE_URL": url, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "app.cli", *args], env=env, cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "outboxq.cli", *args], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout)
 
 

@@ -18,10 +18,10 @@ import psycopg
 import pytest
 from playwright.sync_api import sync_playwright
 
-from app.queue import enqueue, get_job
-from app.queue.jobs import JobStatus
-from workers.registry import Consumer
-from workers.runner import Worker
+from outboxq.queue import enqueue, get_job
+from outboxq.queue.jobs import JobStatus
+from outboxq.workers.registry import Consumer
+from outboxq.workers.runner import Worker
 
 ROOT = Path(__file__).resolve().parents[1]
 SHOTS = ROOT / "artifacts" / "screenshots"
@@ -53,7 +53,7 @@ def server(db_url):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "DATABASE_URL": db_url, "OUTBOXQ_API_TOKENS": f"{TOKEN}:admin", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "outboxq.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
                             env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     try:

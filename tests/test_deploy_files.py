@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from app.cli import build_parser
+from outboxq.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 

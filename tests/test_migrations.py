@@ -6,9 +6,9 @@ import psycopg
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from app.db import create_engine
-from app.queue import migrate
-from app.queue.schema import metadata
+from outboxq.db import create_engine
+from outboxq.queue import migrate
+from outboxq.queue.schema import metadata
 
 
 def test_migrated_database_matches_the_metadata(db_url):

@@ -10,13 +10,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 from psycopg.rows import dict_row
 
-from app.errors import InvalidTransition
-from app.queue import admin, enqueue_many
-from app.queue.jobs import ALLOWED_TRANSITIONS, JobStatus
-from workers.executor import ClaimedJob, Outcome
-from workers.maintenance import rescue
-from workers.registry import Consumer
-from workers.runner import Worker
+from outboxq.errors import InvalidTransition
+from outboxq.queue import admin, enqueue_many
+from outboxq.queue.jobs import ALLOWED_TRANSITIONS, JobStatus
+from outboxq.workers.executor import ClaimedJob, Outcome
+from outboxq.workers.maintenance import rescue
+from outboxq.workers.registry import Consumer
+from outboxq.workers.runner import Worker
 
 QUEUE = "prop"
 MAX_ATTEMPTS = 3

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from workers.maintenance import prune
+from outboxq.workers.maintenance import prune
 
 
 def test_prune_forgets_idempotency_keys_older_than_the_ttl(conn):

@@ -9,12 +9,12 @@ import time
 import psycopg
 from psycopg.rows import dict_row
 
-from app.queue import enqueue_many
-from app.queue.backoff import RetryPolicy
-from app.settings import Settings
+from outboxq.queue import enqueue_many
+from outboxq.queue.backoff import RetryPolicy
+from outboxq.settings import Settings
 from tests.handlers_runtime import wait_for
-from workers.registry import Consumer
-from workers.runner import Worker
+from outboxq.workers.registry import Consumer
+from outboxq.workers.runner import Worker
 
 
 def test_failing_queue_retries_one_at_a_time_while_another_queue_keeps_running_then_eagerly_after_success(db_url):

@@ -8,13 +8,13 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from app.queue import admin, enqueue, get_job
-from app.queue.jobs import JobStatus
+from outboxq.queue import admin, enqueue, get_job
+from outboxq.queue.jobs import JobStatus
 from tests.handlers_runtime import isolated_registry, status_of, wait_for  # noqa: F401
-from workers.maintenance import promote, prune
-from workers.registry import Consumer, register
-from workers.runner import Worker
-from workers.testing import TestQueue
+from outboxq.workers.maintenance import promote, prune
+from outboxq.workers.registry import Consumer, register
+from outboxq.workers.runner import Worker
+from outboxq.workers.testing import TestQueue
 
 
 @pytest.fixture

@@ -16,14 +16,14 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from app.queue import enqueue, enqueue_many, get_job
-from app.queue.jobs import JobStatus
-from app.settings import get_settings
+from outboxq.queue import enqueue, enqueue_many, get_job
+from outboxq.queue.jobs import JobStatus
+from outboxq.settings import get_settings
 from tests.handlers_runtime import EFFECTS_DDL, RUNS_DDL, status_of, wait_for
-from workers.executor import execute
-from workers.maintenance import rescue
-from workers.registry import Consumer
-from workers.runner import Worker
+from outboxq.workers.executor import execute
+from outboxq.workers.maintenance import rescue
+from outboxq.workers.registry import Consumer
+from outboxq.workers.runner import Worker
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,7 +32,7 @@ def _start_worker(db_url, log_path, *extra, **env_extra):
     env = {**os.environ, "DATABASE_URL": db_url, "PYTHONPATH": str(ROOT), **env_extra}
     log = open(log_path, "ab")  # noqa: SIM115 - closed by the test through the Popen's lifetime
     return subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "--log-level", "WARNING", "worker",
+        [sys.executable, "-m", "outboxq.cli", "--log-level", "WARNING", "worker",
          "--handlers", "tests.handlers_runtime", "--queues", "kill_effects,kill_plain", *extra],
         env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
     )

@@ -16,14 +16,14 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from app.errors import InvalidTransition
-from app.queue import admin, enqueue, enqueue_many, get_job, sql
-from app.queue.jobs import JobStatus
+from outboxq.errors import InvalidTransition
+from outboxq.queue import admin, enqueue, enqueue_many, get_job, sql
+from outboxq.queue.jobs import JobStatus
 from tests.handlers_runtime import isolated_registry, status_of, wait_for  # noqa: F401
-from workers.maintenance import prune
-from workers.registry import Consumer, register
-from workers.runner import Worker
-from workers.testing import JobFailed, TestQueue
+from outboxq.workers.maintenance import prune
+from outboxq.workers.registry import Consumer, register
+from outboxq.workers.runner import Worker
+from outboxq.workers.testing import JobFailed, TestQueue
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -129,7 +129,7 @@ def _set_status(conn, job_id, status, finished_at=None, attempts=1):
 def test_prune_deletes_finished_jobs_after_their_retention_with_an_injected_clock(dict_conn, monkeypatch):
     monkeypatch.setenv("OUTBOXQ_RETENTION_DONE_S", str(7 * 86400))
     monkeypatch.setenv("OUTBOXQ_RETENTION_DEAD_S", str(30 * 86400))
-    from app.settings import get_settings
+    from outboxq.settings import get_settings
 
     get_settings.cache_clear()
     now = datetime.now(UTC)
@@ -295,7 +295,7 @@ def test_run_one_asserts_success_and_records_the_failed_attempt(dict_conn, db_ur
 
 def _cli(db_url, *args):
     env = {**os.environ, "DATABASE_URL": db_url, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "app.cli", "--log-level", "WARNING", *args], env=env, cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "outboxq.cli", "--log-level", "WARNING", *args], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout

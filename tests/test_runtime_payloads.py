@@ -10,15 +10,15 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from app.errors import InvalidPayload
-from app.queue import context as job_context
-from app.queue import enqueue, enqueue_many, get_job
-from app.queue.jobs import JobStatus
+from outboxq.errors import InvalidPayload
+from outboxq.queue import context as job_context
+from outboxq.queue import enqueue, enqueue_many, get_job
+from outboxq.queue.jobs import JobStatus
 from tests.handlers_runtime import REQUEST_ID_VAR, isolated_registry, request_id, status_of, wait_for  # noqa: F401
-from workers.context import delivery_hash
-from workers.registry import Consumer, register
-from workers.runner import Worker
-from workers.testing import TestQueue
+from outboxq.workers.context import delivery_hash
+from outboxq.workers.registry import Consumer, register
+from outboxq.workers.runner import Worker
+from outboxq.workers.testing import TestQueue
 
 
 def _count_jobs(url):
@@ -135,7 +135,7 @@ def test_idempotent_conflicts_treats_the_handlers_own_unique_violation_as_succes
 @pytest.fixture
 def request_id_captured(monkeypatch):
     monkeypatch.setenv("OUTBOXQ_CONTEXT_VARS", f'["{REQUEST_ID_VAR}"]')
-    from app.settings import get_settings
+    from outboxq.settings import get_settings
 
     get_settings.cache_clear()
     job_context.configure()  # reads settings.context_vars

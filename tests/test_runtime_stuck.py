@@ -10,12 +10,12 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from app.queue import enqueue
+from outboxq.queue import enqueue
 from tests.handlers_runtime import status_of, wait_for
-from workers import executor
-from workers.executor import AsyncLoop
-from workers.registry import Consumer
-from workers.runner import Worker
+from outboxq.workers import executor
+from outboxq.workers.executor import AsyncLoop
+from outboxq.workers.registry import Consumer
+from outboxq.workers.runner import Worker
 
 
 def _stuck_records(caplog):

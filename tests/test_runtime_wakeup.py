@@ -11,11 +11,11 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 from psycopg.rows import dict_row
 
-from app.queue import enqueue
+from outboxq.queue import enqueue
 from tests.handlers_runtime import isolated_registry, wait_for  # noqa: F401
-from workers.registry import Consumer, register
-from workers.runner import Worker
-from workers.testing import TestQueue
+from outboxq.workers.registry import Consumer, register
+from outboxq.workers.runner import Worker
+from outboxq.workers.testing import TestQueue
 
 
 def _measure_latencies(db_url, worker, started, samples):

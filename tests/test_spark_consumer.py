@@ -13,16 +13,16 @@ from decimal import Decimal
 import psycopg
 import pytest
 
-from app.queue import get_job
-from spark_jobs import delivery, examples
-from spark_jobs.consumer import processor_id_for
-from spark_jobs.delivery import (
+from outboxq.queue import get_job
+from outboxq.spark_jobs import delivery, examples
+from outboxq.spark_jobs.consumer import processor_id_for
+from outboxq.spark_jobs.delivery import (
     STEP_AFTER_COMMIT,
     STEP_AFTER_SNAPSHOT,
     STEP_AFTER_WRITE,
     STEP_DURING_PROCESSING,
 )
-from spark_jobs.processing import SparkEngine, infer_schema
+from outboxq.spark_jobs.processing import SparkEngine, infer_schema
 from tests.api_support import api_client
 from tests.spark_support import (
     Crash,
@@ -41,7 +41,7 @@ pytestmark = pytest.mark.spark
 @pytest.fixture(scope="session")
 def spark():
     """One local Spark session for the module's tests (a session takes seconds to start)."""
-    from spark_jobs.session import build_session
+    from outboxq.spark_jobs.session import build_session
 
     session = build_session("local[1]", shuffle_partitions=1)
     yield session
@@ -123,8 +123,8 @@ def _spark_env(db_url: str, **extra: str) -> dict[str, str]:
 def test_the_spark_run_command_killed_after_the_write_then_rerun_delivers_once(db_url):
     payloads = order_payloads(40)
     ids = enqueue_orders(db_url, payloads)
-    command = [sys.executable, "-m", "app.cli", "spark", "run", "--queue", "orders-in",
-               "--processor", "spark_jobs.examples:order_totals", "--output-table", "order_totals",
+    command = [sys.executable, "-m", "outboxq.cli", "spark", "run", "--queue", "orders-in",
+               "--processor", "outboxq.spark_jobs.examples:order_totals", "--output-table", "order_totals",
                "--batch-size", "100", "--until-empty", "--json"]
 
     crashed = subprocess.run(command, env=_spark_env(db_url, OUTBOXQ_SPARK_CRASH_AT="after_write"),
@@ -137,7 +137,7 @@ def test_the_spark_run_command_killed_after_the_write_then_rerun_delivers_once(d
     assert '"recovered": 1' in rerun.stdout
     rows = table_rows(db_url, "order_totals")
     assert {r[0]: (r[1], r[2]) for r in rows} == _expected_totals(payloads)
-    processor_id = processor_id_for("orders-in", "spark_jobs.examples:order_totals", "order_totals")
+    processor_id = processor_id_for("orders-in", "outboxq.spark_jobs.examples:order_totals", "order_totals")
     assert {r[3] for r in rows} == {delivery.delivery_hash(processor_id, ids)}
     assert statuses(db_url) == {"done": 40}
 
@@ -151,7 +151,7 @@ def test_a_batch_submitted_over_http_runs_and_reports_its_counts(db_url, tmp_pat
 
     with api_client(db_url) as api:
         r = api.post("/v1/spark/batches", json={"queue": "orders-in", "output_table": "http_totals",
-                                                "processor": "spark_jobs.examples:order_totals",
+                                                "processor": "outboxq.spark_jobs.examples:order_totals",
                                                 "batch_size": 10})
         assert r.status_code == 202, r.text
         batch_id = r.json()["id"]

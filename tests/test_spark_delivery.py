@@ -12,9 +12,9 @@ import threading
 import psycopg
 import pytest
 
-from app.queue import get_job
-from spark_jobs import delivery
-from spark_jobs.delivery import (
+from outboxq.queue import get_job
+from outboxq.spark_jobs import delivery
+from outboxq.spark_jobs.delivery import (
     STEP_AFTER_COMMIT,
     STEP_AFTER_SNAPSHOT,
     STEP_AFTER_WRITE,
@@ -22,7 +22,7 @@ from spark_jobs.delivery import (
     DeliveryFenced,
     OutputTableMismatch,
 )
-from spark_jobs.processing import PythonEngine, isolate_failures
+from outboxq.spark_jobs.processing import PythonEngine, isolate_failures
 from tests.spark_support import (
     QUEUE,
     TABLE,
@@ -271,7 +271,7 @@ def test_the_processor_receives_the_delivery_hash(db_url):
 
 
 def test_a_snapshot_whose_lease_expired_and_was_rescued_is_recovered_with_the_same_hash(db_url):
-    from workers.maintenance import rescue
+    from outboxq.workers.maintenance import rescue
 
     enqueue_orders(db_url, order_payloads(10))
     with pytest.raises(Crash):
@@ -291,7 +291,7 @@ def test_a_snapshot_whose_lease_expired_and_was_rescued_is_recovered_with_the_sa
 
 
 def test_bisection_isolates_exactly_the_bad_jobs_deterministically():
-    from spark_jobs.delivery import SnapshotJob
+    from outboxq.spark_jobs.delivery import SnapshotJob
 
     jobs = [SnapshotJob(i, "q", 1, 25, "{}") for i in range(1, 65)]
     bad = {7, 40}

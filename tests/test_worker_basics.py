@@ -14,12 +14,12 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from app.queue import JobStatus, enqueue, enqueue_many, get_job
+from outboxq.queue import JobStatus, enqueue, enqueue_many, get_job
 from tests.handlers_basic import RUNS_TABLE_DDL
-from workers.executor import execute
-from workers.maintenance import rescue
-from workers.registry import Consumer
-from workers.runner import Worker
+from outboxq.workers.executor import execute
+from outboxq.workers.maintenance import rescue
+from outboxq.workers.registry import Consumer
+from outboxq.workers.runner import Worker
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -136,7 +136,7 @@ def test_zombie_worker_cannot_complete_a_rescued_job(db_url, caplog):
 def _start_worker(db_url, *extra, handlers="tests.handlers_basic"):
     env = {**os.environ, "DATABASE_URL": db_url, "PYTHONPATH": str(ROOT), "OUTBOXQ_POLL_INTERVAL": "0.2"}
     return subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "--log-level", "WARNING", "worker", "--handlers", handlers, *extra],
+        [sys.executable, "-m", "outboxq.cli", "--log-level", "WARNING", "worker", "--handlers", handlers, *extra],
         env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
 
@@ -183,7 +183,7 @@ def test_sigterm_lets_the_running_job_finish_and_hands_back_the_rest(db_url):
 
 
 def test_worker_refuses_an_unmigrated_database(pg_server_url, tmp_path):
-    from app.db import url_with_database
+    from outboxq.db import url_with_database
 
     name = f"outboxq_empty_{os.getpid()}"
     with psycopg.connect(pg_server_url, autocommit=True) as c:

@@ -12,8 +12,8 @@ from typing import Any
 
 import psycopg
 
-from app.errors import LeaseLost
-from app.queue import sql
+from outboxq.errors import LeaseLost
+from outboxq.queue import sql
 
 log = logging.getLogger("outboxq.worker")
 

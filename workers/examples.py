@@ -6,7 +6,7 @@ together: exactly once, whatever fails.
 
 from __future__ import annotations
 
-from workers import JobContext, consumer
+from outboxq.workers import JobContext, consumer
 
 EFFECTS_TABLE_DDL = """
 CREATE TABLE IF NOT EXISTS outboxq_demo_effects (

@@ -11,10 +11,10 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.errors import LeaseLost
-from app.queue import context as job_context
-from workers.context import JobContext
-from workers.registry import Consumer
+from outboxq.errors import LeaseLost
+from outboxq.queue import context as job_context
+from outboxq.workers.context import JobContext
+from outboxq.workers.registry import Consumer
 
 log = logging.getLogger("outboxq.worker")
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import psycopg
 
-from app.queue.schema import NOTIFY_CHANNEL
+from outboxq.queue.schema import NOTIFY_CHANNEL
 
 log = logging.getLogger("outboxq.worker")
 

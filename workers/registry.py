@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from app.errors import InvalidInput
-from app.queue.backoff import RetryPolicy
-from app.queue.enqueue import PayloadHooks, register_payload_hooks, validate_queue_name
-from app.settings import Settings, get_settings
+from outboxq.errors import InvalidInput
+from outboxq.queue.backoff import RetryPolicy
+from outboxq.queue.enqueue import PayloadHooks, register_payload_hooks, validate_queue_name
+from outboxq.settings import Settings, get_settings
 
 
 @dataclass(frozen=True)

@@ -26,15 +26,15 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from app.db import database_url
-from app.queue import sql
-from app.settings import Settings, get_settings
-from workers import executor
-from workers.context import JobContext
-from workers.executor import AsyncLoop, ClaimedJob, Outcome
-from workers.listener import Listener
-from workers.maintenance import promote, prune, rescue
-from workers.registry import Consumer, all_consumers
+from outboxq.db import database_url
+from outboxq.queue import sql
+from outboxq.settings import Settings, get_settings
+from outboxq.workers import executor
+from outboxq.workers.context import JobContext
+from outboxq.workers.executor import AsyncLoop, ClaimedJob, Outcome
+from outboxq.workers.listener import Listener
+from outboxq.workers.maintenance import promote, prune, rescue
+from outboxq.workers.registry import Consumer, all_consumers
 
 log = logging.getLogger("outboxq.worker")
 

@@ -7,12 +7,12 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from app.db import database_url
-from app.errors import InvalidTransition, JobNotFound
-from app.queue import sql
-from workers import executor
-from workers.executor import Outcome
-from workers.registry import Consumer, get_consumer
+from outboxq.db import database_url
+from outboxq.errors import InvalidTransition, JobNotFound
+from outboxq.queue import sql
+from outboxq.workers import executor
+from outboxq.workers.executor import Outcome
+from outboxq.workers.registry import Consumer, get_consumer
 
 
 class JobFailed(AssertionError):
@@ -25,7 +25,7 @@ class TestQueue:
     __test__ = False  # not a pytest test class
 
     def __init__(self, url: str | None = None):
-        from workers.runner import Worker
+        from outboxq.workers.runner import Worker
 
         self.url = url or database_url()
         self._worker_cls = Worker

@@ -13,12 +13,12 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.api import errors
-from app.api.auth import parse_tokens
-from app.api.routes import admin, health, jobs, metrics, orders, queues, spark, stats
-from app.db import database_url
-from app.queue.admin import HealthMonitor
-from app.settings import Settings, get_settings
+from outboxq.api import errors
+from outboxq.api.auth import parse_tokens
+from outboxq.api.routes import admin, health, jobs, metrics, orders, queues, spark, stats
+from outboxq.db import database_url
+from outboxq.queue.admin import HealthMonitor
+from outboxq.settings import Settings, get_settings
 
 log = logging.getLogger("outboxq.api")
 
@@ -128,7 +128,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     single = settings.max_payload_bytes + REQUEST_OVERHEAD_BYTES
     batch = max(single, settings.max_payload_bytes * 4 + REQUEST_OVERHEAD_BYTES, 32 * 1024 * 1024)
     app.add_middleware(BodySizeLimit, limit_for=lambda path: batch if path.endswith("/batch") else single)
-    from app.ui import mount_ui
+    from outboxq.ui import mount_ui
 
     mount_ui(app)
     return app

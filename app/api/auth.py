@@ -11,7 +11,7 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from app.api.errors import ApiProblem
+from outboxq.api.errors import ApiProblem
 
 SCOPES = ("enqueue", "read", "admin")
 _bearer = HTTPBearer(auto_error=False, description="A token from OUTBOXQ_API_TOKENS")

@@ -11,9 +11,9 @@ from fastapi import Depends, Header, Path, Request
 from fastapi.responses import JSONResponse
 from psycopg_pool import ConnectionPool
 
-from app.queue import idempotency
-from app.queue.enqueue import QUEUE_NAME_PATTERN
-from app.settings import Settings
+from outboxq.queue import idempotency
+from outboxq.queue.enqueue import QUEUE_NAME_PATTERN
+from outboxq.settings import Settings
 
 
 def get_settings_of_app(request: Request) -> Settings:

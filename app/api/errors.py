@@ -13,9 +13,9 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app import errors
-from app.queue.feed import InvalidMarker
-from app.queue.idempotency import IdempotencyKeyReused
+from outboxq import errors
+from outboxq.queue.feed import InvalidMarker
+from outboxq.queue.idempotency import IdempotencyKeyReused
 
 log = logging.getLogger("outboxq.api")
 

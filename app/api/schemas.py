@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-from app.queue.enqueue import MAX_KEY_LENGTH, PRIORITY_RANGE, QUEUE_NAME_PATTERN
+from outboxq.queue.enqueue import MAX_KEY_LENGTH, PRIORITY_RANGE, QUEUE_NAME_PATTERN
 
 QUEUE_PATTERN = f"^{QUEUE_NAME_PATTERN.pattern}$"
 MAX_DELAY_S = 100 * 365 * 86400.0

@@ -10,12 +10,12 @@ import psycopg
 import uvicorn
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from app.api import create_app
-from app.api.auth import parse_tokens
-from app.db import database_url
-from app.errors import SchemaOutOfDate
-from app.queue.migrate import ensure_current
-from app.settings import Settings, get_settings
+from outboxq.api import create_app
+from outboxq.api.auth import parse_tokens
+from outboxq.db import database_url
+from outboxq.errors import SchemaOutOfDate
+from outboxq.queue.migrate import ensure_current
+from outboxq.settings import Settings, get_settings
 
 log = logging.getLogger("outboxq.api")
 

@@ -1,8 +1,8 @@
 """The queue core: enqueue in the caller's transaction, read jobs. No FastAPI or Spark imports here."""
 
-from app.errors import DuplicateJob, InvalidInput, InvalidPayload, UnknownDependency
-from app.queue.enqueue import enqueue, enqueue_many, get_job
-from app.queue.jobs import Job, JobStatus
+from outboxq.errors import DuplicateJob, InvalidInput, InvalidPayload, UnknownDependency
+from outboxq.queue.enqueue import enqueue, enqueue_many, get_job
+from outboxq.queue.jobs import Job, JobStatus
 
 __all__ = [
     "DuplicateJob",

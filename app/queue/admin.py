@@ -10,10 +10,10 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
-from app.errors import InvalidTransition, JobNotFound
-from app.queue import sql
-from app.queue.enqueue import get_job, psycopg_connection, validate_queue_name
-from app.queue.jobs import Job, JobStatus
+from outboxq.errors import InvalidTransition, JobNotFound
+from outboxq.queue import sql
+from outboxq.queue.enqueue import get_job, psycopg_connection, validate_queue_name
+from outboxq.queue.jobs import Job, JobStatus
 
 
 def _rows(conn: Any, statement: str, params: dict[str, Any]) -> list[dict[str, Any]]:

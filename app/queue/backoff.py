@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from app.settings import Settings
+    from outboxq.settings import Settings
 
 
 @dataclass(frozen=True, slots=True)

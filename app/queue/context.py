@@ -17,7 +17,7 @@ def configure(names: list[str] | None = None) -> None:
     """Resolve the "module:attribute" names of the ContextVars to capture (settings.context_vars by default)."""
     global _resolved
     if names is None:
-        from app.settings import get_settings
+        from outboxq.settings import get_settings
 
         names = get_settings().context_vars
     resolved = []

@@ -25,10 +25,10 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
-from app.errors import InvalidInput
-from app.queue import sql
-from app.queue.enqueue import psycopg_connection, validate_queue_name
-from app.queue.jobs import Job, JobStatus
+from outboxq.errors import InvalidInput
+from outboxq.queue import sql
+from outboxq.queue.enqueue import psycopg_connection, validate_queue_name
+from outboxq.queue.jobs import Job, JobStatus
 
 # Jobs of one queue after a position, below the reader's snapshot xmin, in (created_xid, id) order.
 feed_page = f"""

@@ -15,8 +15,8 @@ from typing import Any
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from app.errors import InvalidInput, OutboxqError
-from app.queue.enqueue import psycopg_connection
+from outboxq.errors import InvalidInput, OutboxqError
+from outboxq.queue.enqueue import psycopg_connection
 
 # Statements on outboxq_idempotency_keys (kept here: no job statement lives in this module).
 idempotency_lock = "SELECT pg_advisory_xact_lock(hashtextextended(%(scope)s || E'\\n' || %(key)s, 7001))"

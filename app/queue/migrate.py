@@ -10,9 +10,12 @@ from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 
-from app.errors import SchemaOutOfDate
+from outboxq.errors import SchemaOutOfDate
 
-MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+import outboxq.migrations
+
+# The alembic scripts: the outboxq.migrations subpackage (the repository's migrations/ folder).
+MIGRATIONS_DIR = Path(outboxq.migrations.__file__).resolve().parent
 
 
 def alembic_config(url: str) -> Config:

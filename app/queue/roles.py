@@ -11,7 +11,7 @@ from typing import Any
 
 from psycopg import sql as pgsql
 
-from app.queue.schema import metadata
+from outboxq.queue.schema import metadata
 
 
 def app_role_statements(role: str, *, password: str | None = None, schema: str = "public") -> list[pgsql.Composed]:

@@ -5,7 +5,7 @@ Statements that depend on time take a `now` parameter where tests need to move t
 
 from __future__ import annotations
 
-from app.queue.schema import NOTIFY_CHANNEL
+from outboxq.queue.schema import NOTIFY_CHANNEL
 
 JOB_COLUMNS = (
     "id, queue, key, status, payload, payload_bytes, priority, run_at, attempts, max_attempts, "

@@ -7,7 +7,7 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
-from app.queue import sql
+from outboxq.queue import sql
 
 
 def run_once(conn: Any, *, now: datetime | None = None) -> dict[str, int]:

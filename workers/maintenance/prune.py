@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from app.queue import sql
-from app.settings import get_settings
+from outboxq.queue import sql
+from outboxq.settings import get_settings
 
 BATCH_LIMIT = 5000
 

@@ -8,8 +8,8 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
-from app.queue import sql
-from app.settings import get_settings
+from outboxq.queue import sql
+from outboxq.settings import get_settings
 
 log = logging.getLogger("outboxq.maintenance")
 

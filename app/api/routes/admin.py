@@ -5,11 +5,11 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from app.api.auth import scoped
-from app.api.deps import JobId, PoolDep, QueueName, transaction
-from app.api.errors import error_responses
-from app.api.schemas import JobPublic, QueueState, RetriedCount, job_public
-from app.queue import admin
+from outboxq.api.auth import scoped
+from outboxq.api.deps import JobId, PoolDep, QueueName, transaction
+from outboxq.api.errors import error_responses
+from outboxq.api.schemas import JobPublic, QueueState, RetriedCount, job_public
+from outboxq.queue import admin
 
 router = APIRouter(tags=["admin"])
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from app.api.auth import scoped
-from app.api.deps import PoolDep, transaction
-from app.api.errors import error_json, error_responses
-from app.api.schemas import Health, Liveness, Readiness
-from app.queue.migrate import head_revision
+from outboxq.api.auth import scoped
+from outboxq.api.deps import PoolDep, transaction
+from outboxq.api.errors import error_json, error_responses
+from outboxq.api.schemas import Health, Liveness, Readiness
+from outboxq.queue.migrate import head_revision
 
 router = APIRouter(tags=["health"])
 

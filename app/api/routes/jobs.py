@@ -9,14 +9,14 @@ from fastapi import APIRouter, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 
-from app.api.auth import EnqueuePrincipal, scoped
-from app.api.deps import IdempotencyKey, JobId, PoolDep, QueueName, SettingsDep, idempotent_write, transaction
-from app.api.errors import ApiProblem, error_responses
-from app.api.schemas import JobBatchCreate, JobBatchPublic, JobCreate, JobPage, JobPublic, job_public
-from app.errors import InvalidInput, JobNotFound
-from app.queue import admin, feed
-from app.queue.enqueue import enqueue, enqueue_many, get_job
-from app.queue.jobs import JobStatus
+from outboxq.api.auth import EnqueuePrincipal, scoped
+from outboxq.api.deps import IdempotencyKey, JobId, PoolDep, QueueName, SettingsDep, idempotent_write, transaction
+from outboxq.api.errors import ApiProblem, error_responses
+from outboxq.api.schemas import JobBatchCreate, JobBatchPublic, JobCreate, JobPage, JobPublic, job_public
+from outboxq.errors import InvalidInput, JobNotFound
+from outboxq.queue import admin, feed
+from outboxq.queue.enqueue import enqueue, enqueue_many, get_job
+from outboxq.queue.jobs import JobStatus
 
 router = APIRouter(tags=["jobs"])
 

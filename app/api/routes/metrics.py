@@ -8,10 +8,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials
 
-from app.api.auth import check
-from app.api.deps import PoolDep, transaction
-from app.api.errors import error_responses
-from app.queue import admin
+from outboxq.api.auth import check
+from outboxq.api.deps import PoolDep, transaction
+from outboxq.api.errors import error_responses
+from outboxq.queue import admin
 
 router = APIRouter(tags=["metrics"])
 

@@ -7,11 +7,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from app.api.auth import EnqueuePrincipal, scoped
-from app.api.deps import IdempotencyKey, PoolDep, idempotent_write
-from app.api.errors import error_responses
-from app.api.schemas import OrderCreate, OrderCreated
-from app.queue.enqueue import enqueue
+from outboxq.api.auth import EnqueuePrincipal, scoped
+from outboxq.api.deps import IdempotencyKey, PoolDep, idempotent_write
+from outboxq.api.errors import error_responses
+from outboxq.api.schemas import OrderCreate, OrderCreated
+from outboxq.queue.enqueue import enqueue
 
 router = APIRouter(tags=["orders"])
 

@@ -7,11 +7,11 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 
-from app.api.auth import scoped
-from app.api.deps import PoolDep, QueueName, transaction
-from app.api.errors import error_responses
-from app.api.schemas import JobList, QueueList, job_public
-from app.queue import admin
+from outboxq.api.auth import scoped
+from outboxq.api.deps import PoolDep, QueueName, transaction
+from outboxq.api.errors import error_responses
+from outboxq.api.schemas import JobList, QueueList, job_public
+from outboxq.queue import admin
 
 router = APIRouter(tags=["queues"])
 

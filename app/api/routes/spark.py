@@ -8,10 +8,10 @@ from fastapi import APIRouter, Query
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 
-from app.api.auth import scoped
-from app.api.deps import PoolDep, transaction
-from app.api.errors import ApiProblem, error_responses
-from app.api.schemas import SparkBatchCreate, SparkBatchCreated
+from outboxq.api.auth import scoped
+from outboxq.api.deps import PoolDep, transaction
+from outboxq.api.errors import ApiProblem, error_responses
+from outboxq.api.schemas import SparkBatchCreate, SparkBatchCreated
 
 router = APIRouter(tags=["spark"])
 
@@ -25,7 +25,7 @@ FROM outboxq_spark_batches ORDER BY id DESC LIMIT %(limit)s
 
 def _batches() -> Any:
     try:
-        from spark_jobs import batches
+        from outboxq.spark_jobs import batches
     except ImportError as exc:  # the spark_jobs package is optional in an API-only deployment
         raise ApiProblem(503, "spark_unavailable", f"Spark batches are not available here ({exc})") from None
     return batches

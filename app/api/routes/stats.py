@@ -8,11 +8,11 @@ from fastapi import APIRouter, Query
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 
-from app.api.auth import scoped
-from app.api.deps import PoolDep, transaction
-from app.api.errors import error_responses
-from app.api.schemas import QUEUE_PATTERN, StatsList
-from app.queue import admin
+from outboxq.api.auth import scoped
+from outboxq.api.deps import PoolDep, transaction
+from outboxq.api.errors import error_responses
+from outboxq.api.schemas import QUEUE_PATTERN, StatsList
+from outboxq.queue import admin
 
 router = APIRouter(tags=["stats"])
 

@@ -124,7 +124,7 @@ def outboxq_fill(spec: dict[str, Any]) -> dict[str, Any]:
     """Enqueue `n` no-op jobs with enqueue_many, `batch` per transaction."""
     import psycopg
 
-    from app.queue.enqueue import enqueue_many
+    from outboxq.queue.enqueue import enqueue_many
 
     n, batch = spec["n"], spec.get("batch", 10_000)
     started = time.perf_counter()
@@ -140,7 +140,7 @@ def outboxq_enqueue_single(spec: dict[str, Any]) -> dict[str, Any]:
     """`n` calls of enqueue + commit on one connection."""
     import psycopg
 
-    from app.queue.enqueue import enqueue
+    from outboxq.queue.enqueue import enqueue
 
     n = spec["n"]
     with psycopg.connect(spec["url"]) as conn:
@@ -154,8 +154,8 @@ def outboxq_enqueue_single(spec: dict[str, Any]) -> dict[str, Any]:
 
 def outboxq_worker(spec: dict[str, Any], handler: Any) -> Any:
     """A Worker for one consumer with outboxq's default settings (plus any `worker` overrides)."""
-    from workers.registry import Consumer
-    from workers.runner import Worker
+    from outboxq.workers.registry import Consumer
+    from outboxq.workers.runner import Worker
 
     return Worker([Consumer(queue=QUEUE, handler=handler)], url=spec["url"], **spec.get("worker", {}))
 
@@ -209,7 +209,7 @@ class ThreadProfiles:
         return run
 
     def install(self) -> None:
-        from workers import listener, runner
+        from outboxq.workers import listener, runner
 
         original_spawn = runner.Worker._spawn
         profiles = self
@@ -303,7 +303,7 @@ def outboxq_latency_enqueue(spec: dict[str, Any]) -> dict[str, Any]:
     """Enqueue one job at a time, `gap_s` apart, recording when each commit returned."""
     import psycopg
 
-    from app.queue.enqueue import enqueue
+    from outboxq.queue.enqueue import enqueue
 
     committed: dict[int, float] = {}
     with psycopg.connect(spec["url"]) as conn:

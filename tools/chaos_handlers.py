@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 import time
 
-from workers import JobContext, consumer
+from outboxq.workers import JobContext, consumer
 
 EFFECTS_TABLE_DDL = """
 CREATE TABLE IF NOT EXISTS chaos_effects (

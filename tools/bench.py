@@ -38,7 +38,7 @@ from typing import Any
 
 import psycopg
 
-from app.progress import Progress
+from outboxq.progress import Progress
 
 DRIVERS = Path(__file__).with_name("bench_drivers.py")
 DEFAULT_PEERS_VENV = "/tmp/peers-venv"
@@ -77,7 +77,7 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 def url_for(server_url: str, database: str) -> str:
     """The server URL pointing at `database`."""
-    from app.db import url_with_database
+    from outboxq.db import url_with_database
 
     return url_with_database(server_url, database)
 
@@ -86,7 +86,7 @@ class Server:
     """The PostgreSQL server the benchmarks run on: creates and drops their databases."""
 
     def __init__(self, url: str):
-        from app.db import normalize_url
+        from outboxq.db import normalize_url
 
         self.url = normalize_url(url)
 
@@ -408,7 +408,7 @@ class Bench:
         if system == "outboxq":
             import logging
 
-            from app.queue.migrate import upgrade
+            from outboxq.queue.migrate import upgrade
 
             logging.getLogger("alembic").setLevel(logging.WARNING)
             upgrade(url)
@@ -546,7 +546,7 @@ class Bench:
 
     def enqueue_outboxq(self) -> dict[str, Any]:
         """enqueue + commit vs a bare INSERT + commit (alternating blocks), and enqueue_many batches."""
-        from app.queue.enqueue import enqueue, enqueue_many
+        from outboxq.queue.enqueue import enqueue, enqueue_many
 
         args = self.args
         url = self.fresh_db("outboxq", "enqueue")
@@ -644,7 +644,7 @@ class Bench:
         env = dict(os.environ, DATABASE_URL=url, OUTBOXQ_API_TOKENS=f"{token}:admin",
                    OUTBOXQ_PORT=str(port), OUTBOXQ_HOST="127.0.0.1")
         log = open(self.log_dir / "http.log", "w")  # noqa: SIM115
-        process = subprocess.Popen([sys.executable, "-m", "app.api.server"], env=env, stdout=log,
+        process = subprocess.Popen([sys.executable, "-m", "outboxq.api.server"], env=env, stdout=log,
                                    stderr=subprocess.STDOUT, cwd=str(DRIVERS.parent.parent))
         try:
             base = f"http://127.0.0.1:{port}"
@@ -785,7 +785,7 @@ class Bench:
                 conn.execute("VACUUM ANALYZE outboxq_jobs")
             self.progress.done(f"backlog: {args.finished_jobs:,} finished jobs written in "
                                f"{time.perf_counter() - t0:.0f}s")
-            from app.queue.enqueue import enqueue_many
+            from outboxq.queue.enqueue import enqueue_many
 
             with psycopg.connect(url) as conn:
                 for offset in range(0, args.jobs, 10_000):
@@ -881,7 +881,7 @@ def claim_plan(url: str, limit: int = 500) -> dict[str, Any]:
     """EXPLAIN ANALYZE of the worker's claim statement (rolled back): which index it uses, and its cost."""
     import uuid
 
-    from app.queue import sql
+    from outboxq.queue import sql
 
     with psycopg.ClientCursor(psycopg.connect(url)) as cur:
         cur.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql.job_claim_batch, {
@@ -1160,7 +1160,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
               f"{', '.join(SUB_BENCHMARKS)}", file=sys.stderr)
         return 2
     if args.url is None:
-        from app.db import database_url
+        from outboxq.db import database_url
 
         args.url = database_url()
     bench = Bench(args)

@@ -28,11 +28,11 @@ from typing import Any
 
 import psycopg
 
-from app.chaos_handlers import CHAOS_LEASE_S, EFFECTS_TABLE_DDL
-from app.db import url_with_database, url_with_user
-from app.queue import enqueue
-from app.queue.migrate import upgrade
-from app.queue.roles import create_app_role, drop_app_role
+from outboxq.tools.chaos_handlers import CHAOS_LEASE_S, EFFECTS_TABLE_DDL
+from outboxq.db import url_with_database, url_with_user
+from outboxq.queue import enqueue
+from outboxq.queue.migrate import upgrade
+from outboxq.queue.roles import create_app_role, drop_app_role
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER_APP_NAME = "outboxq-chaos-worker"
@@ -121,7 +121,7 @@ class Scenario:
     def _server_url(self) -> str:
         if self.config.database_url:
             return self.config.database_url
-        from app.embedded import start_embedded
+        from outboxq.embedded import start_embedded
 
         self.pgdata = Path(tempfile.mkdtemp(prefix="outboxq-chaos-pg-")) / "pgdata"
         return start_embedded(self.pgdata, cleanup_mode="delete")
@@ -155,15 +155,15 @@ class Scenario:
     def _start_worker(self, index: int) -> subprocess.Popen:
         log = open(self.log_dir / f"worker-{index}-{time.monotonic_ns()}.log", "w")
         return subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "--log-level", "WARNING", "worker",
-             "--handlers", "app.chaos_handlers", "--concurrency", "8", "--batch-size", "100"],
+            [sys.executable, "-m", "outboxq.cli", "--log-level", "WARNING", "worker",
+             "--handlers", "outboxq.tools.chaos_handlers", "--concurrency", "8", "--batch-size", "100"],
             env={**self._env(), "PGAPPNAME": WORKER_APP_NAME}, cwd=ROOT, stdout=log, stderr=log,
         )
 
     def _start_api(self) -> None:
         log = open(self.log_dir / f"api-{time.monotonic_ns()}.log", "w")
         self.api = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "--log-level", "WARNING", "serve", "--host", "127.0.0.1",
+            [sys.executable, "-m", "outboxq.cli", "--log-level", "WARNING", "serve", "--host", "127.0.0.1",
              "--port", str(self.api_port)],
             env={**self._env(), "OUTBOXQ_API_TOKENS": f"{self.api_token}:admin"}, cwd=ROOT, stdout=log,
             stderr=log,
@@ -279,7 +279,7 @@ class Scenario:
                          (WORKER_APP_NAME,))
 
     def _fault_pg_restart(self) -> None:
-        from app.embedded import restart_embedded
+        from outboxq.embedded import restart_embedded
 
         assert self.pgdata is not None
         restart_embedded(self.pgdata)
@@ -438,7 +438,7 @@ def run_chaos(config: ChaosConfig, out=sys.stdout) -> ChaosReport:
             scenario.api.kill()
         scenario.cleanup()
         if scenario.pgdata is not None:
-            from app.embedded import stop_embedded
+            from outboxq.embedded import stop_embedded
 
             try:
                 stop_embedded(scenario.pgdata)
