@@ -6,9 +6,8 @@ import os
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
-
 from outboxq.settings import Settings, get_settings
+from psycopg.rows import dict_row
 
 _resolved_url: str | None = None
 

@@ -1,10 +1,9 @@
 """Alembic environment: migrations run online against the URL outboxq resolved (DATABASE_URL or embedded)."""
 
 from alembic import context
-from sqlalchemy import create_engine, pool
-
 from outboxq.db import database_url, sqlalchemy_url
 from outboxq.queue.schema import metadata
+from sqlalchemy import create_engine, pool
 
 config = context.config
 target_metadata = metadata

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import psycopg
-
 from outboxq.db import connect
 from outboxq.queue.backoff import RetryPolicy
 from outboxq.settings import Settings, get_settings

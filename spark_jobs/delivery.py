@@ -24,14 +24,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from psycopg import sql as pgsql
-from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
-
 from outboxq.errors import InvalidInput, LeaseLost, OutboxqError
 from outboxq.queue import spark_sql
 from outboxq.queue import sql as job_sql
 from outboxq.queue.backoff import RetryPolicy
+from psycopg import sql as pgsql
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 
 log = logging.getLogger("outboxq.spark")
 

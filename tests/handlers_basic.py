@@ -7,7 +7,6 @@ import threading
 import time
 
 import psycopg
-
 from outboxq.workers import JobContext, consumer
 
 _local = threading.local()

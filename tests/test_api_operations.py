@@ -1,11 +1,11 @@
-"""HTTP API: the orders outbox endpoint, queues, errors, admin operations, stats, health, readiness, metrics."""
+"""HTTP API: queues, errors, admin operations, stats, health, readiness, metrics."""
 
 from __future__ import annotations
 
 import psycopg
 import pytest
 
-from tests.api_support import api_client, count, job_count
+from tests.api_support import api_client
 
 
 @pytest.fixture
@@ -14,72 +14,10 @@ def api(db_url):
         yield client
 
 
-def order_count(db_url):
-    return count(db_url, "SELECT count(*) FROM orders")
-
-
 def _make(db_url, job_id, status, error="boom"):
     with psycopg.connect(db_url) as conn:
         conn.execute("UPDATE outboxq_jobs SET status = %s, last_error = %s, attempts = 3 WHERE id = %s",
                      (status, error, job_id))
-
-
-def test_order_writes_the_order_and_its_confirmation_job_together(api, db_url):
-    r = api.post("/v1/orders", json={"customer": "ada", "amount": "12.50"})
-    assert r.status_code == 201, r.text
-    body = r.json()
-    job = api.get(f"/v1/jobs/{body['job_id']}").json()
-    assert job["queue"] == "order-confirmation" and job["key"] == f"order-{body['order_id']}"
-    assert job["payload"] == {"order_id": body["order_id"], "customer": "ada", "amount": "12.50"}
-    assert order_count(db_url) == 1 and job_count(db_url) == 1
-
-
-@pytest.mark.parametrize("body", [
-    {"customer": "ada", "amount": -1},
-    {"customer": "ada", "amount": "1.234"},
-    {"customer": "ada", "amount": "lots"},
-    {"customer": "", "amount": 1},
-    {"amount": 1},
-    {"customer": "ada", "amount": 1, "note": "unknown field"},
-    {"customer": "a\x00da", "amount": 1},
-    {"customer": "ada", "amount": 10**13},
-])
-def test_bad_order_input_writes_neither_order_nor_job(api, db_url, body):
-    r = api.post("/v1/orders", json=body)
-    assert 400 <= r.status_code < 500, r.text
-    assert r.json()["error"]["message"]
-    assert order_count(db_url) == 0 and job_count(db_url) == 0
-
-
-def test_a_failing_enqueue_rolls_the_order_back(api, db_url):
-    # The first order gets id 1; a confirmation job with its key already exists, so the enqueue fails.
-    assert api.post("/v1/queues/order-confirmation/jobs", json={"payload": "x", "key": "order-1"}).status_code == 201
-    r = api.post("/v1/orders", json={"customer": "ada", "amount": 5})
-    assert r.status_code == 409 and r.json()["error"]["code"] == "duplicate_job"
-    assert order_count(db_url) == 0 and job_count(db_url) == 1
-
-
-def test_a_database_error_in_the_enqueue_rolls_the_order_back(api, db_url):
-    with psycopg.connect(db_url) as conn:  # force the job INSERT to fail inside PostgreSQL
-        conn.execute("""
-            CREATE FUNCTION refuse_jobs() RETURNS trigger LANGUAGE plpgsql AS
-            $$ BEGIN RAISE EXCEPTION 'forced failure'; END $$;
-            CREATE TRIGGER refuse_jobs BEFORE INSERT ON outboxq_jobs FOR EACH ROW EXECUTE FUNCTION refuse_jobs();
-        """)
-    r = api.post("/v1/orders", json={"customer": "ada", "amount": 5})
-    assert r.status_code == 500 and r.json()["error"]["code"] == "internal_error"
-    assert "forced failure" not in r.text
-    assert order_count(db_url) == 0 and job_count(db_url) == 0
-
-
-def test_order_idempotency_key(api, db_url):
-    body = {"customer": "ada", "amount": 3}
-    first = api.post("/v1/orders", json=body, headers={"Idempotency-Key": "o-1"})
-    again = api.post("/v1/orders", json=body, headers={"Idempotency-Key": "o-1"})
-    assert (first.status_code, again.status_code) == (201, 200) and first.json() == again.json()
-    other = api.post("/v1/orders", json={"customer": "bob", "amount": 3}, headers={"Idempotency-Key": "o-1"})
-    assert other.status_code == 409
-    assert order_count(db_url) == 1 and job_count(db_url) == 1
 
 
 def test_queues_lists_counts_per_status_and_paused(api):

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from outboxq.tools.bench import claim_plan, render, summarize
 from outboxq.cli import build_parser, main
+from outboxq.tools.bench import claim_plan, render, summarize
 
 TINY = [
     "--jobs", "300", "--enqueue-calls", "40", "--enqueue-many-batches", "1", "--latency-samples", "10",

@@ -7,11 +7,10 @@ from datetime import datetime, timedelta, timezone
 import psycopg
 import pytest
 import sqlalchemy
-from sqlalchemy.orm import Session
-
 from outboxq.db import create_engine
 from outboxq.errors import DuplicateJob, InvalidInput, InvalidPayload, UnknownDependency
 from outboxq.queue import JobStatus, enqueue, enqueue_many, get_job
+from sqlalchemy.orm import Session
 
 
 def count_jobs(url: str, queue: str | None = None) -> int:
@@ -21,7 +20,15 @@ def count_jobs(url: str, queue: str | None = None) -> int:
         return c.execute("SELECT count(*) FROM outboxq_jobs WHERE queue = %s", (queue,)).fetchone()[0]
 
 
-def test_rolled_back_transaction_leaves_no_job(db_url):
+@pytest.fixture
+def orders_table(db_url):
+    """The user's own business table (outboxq's schema has none)."""
+    with psycopg.connect(db_url) as c:
+        c.execute("CREATE TABLE orders (id bigserial PRIMARY KEY, customer text NOT NULL, amount numeric NOT NULL)")
+    return "orders"
+
+
+def test_rolled_back_transaction_leaves_no_job(db_url, orders_table):
     with psycopg.connect(db_url) as conn:
         conn.execute("INSERT INTO orders (customer, amount) VALUES ('ann', 5)")
         job = enqueue(conn, "emails", {"to": "ann"})
@@ -42,7 +49,7 @@ def test_job_is_visible_to_others_only_after_commit(db_url):
         assert seen is not None and seen.status is JobStatus.QUEUED and seen.payload == {"to": "bob"}
 
 
-def test_enqueue_works_inside_a_sqlalchemy_session_and_connection(db_url):
+def test_enqueue_works_inside_a_sqlalchemy_session_and_connection(db_url, orders_table):
     engine = create_engine(db_url)
     with Session(engine) as session:
         session.execute(sqlalchemy.text("INSERT INTO orders (customer, amount) VALUES ('cy', 7)"))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import psycopg
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-
 from outboxq.db import create_engine
 from outboxq.queue import migrate
 from outboxq.queue.schema import metadata

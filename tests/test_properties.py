@@ -8,8 +8,6 @@ import psycopg
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
-from psycopg.rows import dict_row
-
 from outboxq.errors import InvalidTransition
 from outboxq.queue import admin, enqueue_many
 from outboxq.queue.jobs import ALLOWED_TRANSITIONS, JobStatus
@@ -17,6 +15,7 @@ from outboxq.workers.executor import ClaimedJob, Outcome
 from outboxq.workers.maintenance import rescue
 from outboxq.workers.registry import Consumer
 from outboxq.workers.runner import Worker
+from psycopg.rows import dict_row
 
 QUEUE = "prop"
 MAX_ATTEMPTS = 3

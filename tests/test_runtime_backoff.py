@@ -7,14 +7,14 @@ import threading
 import time
 
 import psycopg
-from psycopg.rows import dict_row
-
 from outboxq.queue import enqueue_many
 from outboxq.queue.backoff import RetryPolicy
 from outboxq.settings import Settings
-from tests.handlers_runtime import wait_for
 from outboxq.workers.registry import Consumer
 from outboxq.workers.runner import Worker
+from psycopg.rows import dict_row
+
+from tests.handlers_runtime import wait_for
 
 
 def test_failing_queue_retries_one_at_a_time_while_another_queue_keeps_running_then_eagerly_after_success(db_url):

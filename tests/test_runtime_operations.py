@@ -14,16 +14,16 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from psycopg.rows import dict_row
-
 from outboxq.errors import InvalidTransition
 from outboxq.queue import admin, enqueue, enqueue_many, get_job, sql
 from outboxq.queue.jobs import JobStatus
-from tests.handlers_runtime import isolated_registry, status_of, wait_for  # noqa: F401
 from outboxq.workers.maintenance import prune
 from outboxq.workers.registry import Consumer, register
 from outboxq.workers.runner import Worker
 from outboxq.workers.testing import JobFailed, TestQueue
+from psycopg.rows import dict_row
+
+from tests.handlers_runtime import isolated_registry, status_of, wait_for  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,13 +9,13 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import psycopg
-from psycopg.rows import dict_row
-
 from outboxq.queue import enqueue
-from tests.handlers_runtime import isolated_registry, wait_for  # noqa: F401
 from outboxq.workers.registry import Consumer, register
 from outboxq.workers.runner import Worker
 from outboxq.workers.testing import TestQueue
+from psycopg.rows import dict_row
+
+from tests.handlers_runtime import isolated_registry, wait_for  # noqa: F401
 
 
 def _measure_latencies(db_url, worker, started, samples):

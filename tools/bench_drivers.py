@@ -123,7 +123,6 @@ async def until_stop_or_done(task: asyncio.Task[Any]) -> None:
 def outboxq_fill(spec: dict[str, Any]) -> dict[str, Any]:
     """Enqueue `n` no-op jobs with enqueue_many, `batch` per transaction."""
     import psycopg
-
     from outboxq.queue.enqueue import enqueue_many
 
     n, batch = spec["n"], spec.get("batch", 10_000)
@@ -139,7 +138,6 @@ def outboxq_fill(spec: dict[str, Any]) -> dict[str, Any]:
 def outboxq_enqueue_single(spec: dict[str, Any]) -> dict[str, Any]:
     """`n` calls of enqueue + commit on one connection."""
     import psycopg
-
     from outboxq.queue.enqueue import enqueue
 
     n = spec["n"]
@@ -302,7 +300,6 @@ def outboxq_latency_worker(spec: dict[str, Any]) -> dict[str, Any]:
 def outboxq_latency_enqueue(spec: dict[str, Any]) -> dict[str, Any]:
     """Enqueue one job at a time, `gap_s` apart, recording when each commit returned."""
     import psycopg
-
     from outboxq.queue.enqueue import enqueue
 
     committed: dict[int, float] = {}

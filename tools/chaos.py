@@ -27,12 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-
-from outboxq.tools.chaos_handlers import CHAOS_LEASE_S, EFFECTS_TABLE_DDL
 from outboxq.db import url_with_database, url_with_user
 from outboxq.queue import enqueue
 from outboxq.queue.migrate import upgrade
 from outboxq.queue.roles import create_app_role, drop_app_role
+from outboxq.tools.chaos_handlers import CHAOS_LEASE_S, EFFECTS_TABLE_DDL
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER_APP_NAME = "outboxq-chaos-worker"

@@ -11,7 +11,6 @@ from functools import cached_property
 from typing import Any
 
 import psycopg
-
 from outboxq.errors import LeaseLost
 from outboxq.queue import sql
 

@@ -24,8 +24,6 @@ from collections.abc import Iterable
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
-
 from outboxq.db import database_url
 from outboxq.queue import sql
 from outboxq.settings import Settings, get_settings
@@ -35,6 +33,7 @@ from outboxq.workers.executor import AsyncLoop, ClaimedJob, Outcome
 from outboxq.workers.listener import Listener
 from outboxq.workers.maintenance import promote, prune, rescue
 from outboxq.workers.registry import Consumer, all_consumers
+from psycopg.rows import dict_row
 
 log = logging.getLogger("outboxq.worker")
 

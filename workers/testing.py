@@ -5,14 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
-
 from outboxq.db import database_url
 from outboxq.errors import InvalidTransition, JobNotFound
 from outboxq.queue import sql
 from outboxq.workers import executor
 from outboxq.workers.executor import Outcome
 from outboxq.workers.registry import Consumer, get_consumer
+from psycopg.rows import dict_row
 
 
 class JobFailed(AssertionError):

@@ -9,16 +9,15 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
-from psycopg.rows import dict_row
-from psycopg_pool import ConnectionPool
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
 from outboxq.api import errors
 from outboxq.api.auth import parse_tokens
-from outboxq.api.routes import admin, health, jobs, metrics, orders, queues, spark, stats
+from outboxq.api.routes import admin, health, jobs, metrics, queues, spark, stats
 from outboxq.db import database_url
 from outboxq.queue.admin import HealthMonitor
 from outboxq.settings import Settings, get_settings
+from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("outboxq.api")
 
@@ -122,7 +121,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         startup_grace_s=settings.health_startup_grace_s,
     )
     errors.install(app)
-    for module in (jobs, queues, orders, admin, stats, health, metrics, spark):
+    for module in (jobs, queues, admin, stats, health, metrics, spark):
         app.include_router(module.router)
 
     single = settings.max_payload_bytes + REQUEST_OVERHEAD_BYTES

@@ -10,7 +10,6 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-
 from outboxq.api.errors import ApiProblem
 
 SCOPES = ("enqueue", "read", "admin")

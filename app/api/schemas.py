@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from decimal import Decimal
 from typing import Any
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
-
 from outboxq.queue.enqueue import MAX_KEY_LENGTH, PRIORITY_RANGE, QUEUE_NAME_PATTERN
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 QUEUE_PATTERN = f"^{QUEUE_NAME_PATTERN.pattern}$"
 MAX_DELAY_S = 100 * 365 * 86400.0
@@ -113,20 +111,6 @@ class QueueState(BaseModel):
 
     queue: str
     paused: bool
-
-
-class OrderCreate(RequestModel):
-    """An order of the outbox example."""
-
-    customer: str = Field(min_length=1, max_length=200)
-    amount: Decimal = Field(ge=0, max_digits=12, decimal_places=2, description="At most 2 decimals")
-
-
-class OrderCreated(BaseModel):
-    """The order and the confirmation job written in the same transaction."""
-
-    order_id: int
-    job_id: int
 
 
 class StatsList(BaseModel):

@@ -13,12 +13,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
-
 from outboxq.errors import DuplicateJob, InvalidInput, InvalidPayload, UnknownDependency
 from outboxq.queue import context as job_context
 from outboxq.queue import sql
 from outboxq.queue.jobs import Job, JobStatus
+from psycopg.rows import dict_row
 
 QUEUE_NAME_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 MAX_KEY_LENGTH = 255

@@ -12,11 +12,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
-
 from outboxq.errors import InvalidInput, OutboxqError
 from outboxq.queue.enqueue import psycopg_connection
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 
 # Statements on outboxq_idempotency_keys (kept here: no job statement lives in this module).
 idempotency_lock = "SELECT pg_advisory_xact_lock(hashtextextended(%(scope)s || E'\\n' || %(key)s, 7001))"

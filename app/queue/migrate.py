@@ -5,14 +5,12 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
+import outboxq.migrations
 import psycopg
 from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
-
 from outboxq.errors import SchemaOutOfDate
-
-import outboxq.migrations
 
 # The alembic scripts: the outboxq.migrations subpackage (the repository's migrations/ folder).
 MIGRATIONS_DIR = Path(outboxq.migrations.__file__).resolve().parent

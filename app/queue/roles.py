@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from psycopg import sql as pgsql
-
 from outboxq.queue.schema import metadata
+from psycopg import sql as pgsql
 
 
 def app_role_statements(role: str, *, password: str | None = None, schema: str = "public") -> list[pgsql.Composed]:

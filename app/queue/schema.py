@@ -14,7 +14,6 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     MetaData,
-    Numeric,
     PrimaryKeyConstraint,
     SmallInteger,
     Table,
@@ -139,17 +138,6 @@ idempotency_keys = Table(
     Column("response_body", JSONB, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     PrimaryKeyConstraint("scope", "key", name="outboxq_idempotency_keys_pkey"),
-)
-
-# The business table of the outbox example endpoint (POST /v1/orders).
-orders = Table(
-    "orders",
-    metadata,
-    Column("id", BigInteger, Identity(always=False), primary_key=True),
-    Column("customer", Text, nullable=False),
-    Column("amount", Numeric(12, 2), nullable=False),
-    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
-    CheckConstraint("amount >= 0", name="orders_amount_check"),
 )
 
 # Spark consumers (Cues-style exactly-once): one row per processor, its fencing epoch.

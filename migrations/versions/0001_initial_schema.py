@@ -7,9 +7,8 @@ Create Date: 2026-11-22 22:45:41.595259
 
 import sqlalchemy as sa
 from alembic import op
-from sqlalchemy.dialects import postgresql
-
 from outboxq.queue.schema import NOTIFY_FUNCTION_DDL, NOTIFY_TRIGGER_DDL
+from sqlalchemy.dialects import postgresql
 
 revision = "0001"
 down_revision = None
@@ -18,15 +17,6 @@ depends_on = None
 
 
 def upgrade() -> None:
-    op.create_table(
-        "orders",
-        sa.Column("id", sa.BigInteger(), sa.Identity(always=False), nullable=False),
-        sa.Column("customer", sa.Text(), nullable=False),
-        sa.Column("amount", sa.Numeric(precision=12, scale=2), nullable=False),
-        sa.Column("created_at", sa.DateTime(timezone=True), server_default=sa.text("now()"), nullable=False),
-        sa.CheckConstraint("amount >= 0", name="orders_amount_check"),
-        sa.PrimaryKeyConstraint("id"),
-    )
     op.create_table(
         "outboxq_idempotency_keys",
         sa.Column("key", sa.Text(), nullable=False),
@@ -249,4 +239,3 @@ def downgrade() -> None:
     )
     op.drop_table("outboxq_jobs")
     op.drop_table("outboxq_idempotency_keys")
-    op.drop_table("orders")

@@ -5,9 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from psycopg.rows import dict_row
-
 from outboxq.queue import sql
+from psycopg.rows import dict_row
 
 
 def run_once(conn: Any, *, now: datetime | None = None) -> dict[str, int]:

@@ -8,9 +8,16 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
-
 from outboxq.api.auth import EnqueuePrincipal, scoped
-from outboxq.api.deps import IdempotencyKey, JobId, PoolDep, QueueName, SettingsDep, idempotent_write, transaction
+from outboxq.api.deps import (
+    IdempotencyKey,
+    JobId,
+    PoolDep,
+    QueueName,
+    SettingsDep,
+    idempotent_write,
+    transaction,
+)
 from outboxq.api.errors import ApiProblem, error_responses
 from outboxq.api.schemas import JobBatchCreate, JobBatchPublic, JobCreate, JobPage, JobPublic, job_public
 from outboxq.errors import InvalidInput, JobNotFound
