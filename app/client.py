@@ -23,6 +23,17 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from outboxq.errors import (
+    ApiError,
+    Conflict,
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    PayloadTooLarge,
+    Unauthorized,
+    Unavailable,
+)
+
 FINISHED = ("done", "dead", "cancelled")
 RETRY_STATUSES = (429, 502, 503, 504)
 
@@ -71,43 +82,9 @@ class JobPage:
     next_marker: str | None
 
 
-# ---------------------------------------------------------------- errors
+# ---------------------------------------------------------------- errors (defined in outboxq.errors)
 
 
-class ApiError(Exception):
-    """The API answered with an error: its HTTP status, error code and message."""
-
-    def __init__(self, status: int, code: str, message: str):
-        self.status, self.code, self.message = status, code, message
-        super().__init__(f"{status} {code}: {message}")
-
-
-class InvalidRequest(ApiError):
-    """400/422: the request must be fixed (the message says how)."""
-
-
-class Unauthorized(ApiError):
-    """401: no token, or an unknown one."""
-
-
-class Forbidden(ApiError):
-    """403: the token lacks the scope."""
-
-
-class NotFound(ApiError):
-    """404: no such job (or route)."""
-
-
-class Conflict(ApiError):
-    """409: a duplicate key, a job in the wrong status, or an Idempotency-Key reused with another body."""
-
-
-class PayloadTooLarge(ApiError):
-    """413: the payload is over the server's size limit."""
-
-
-class Unavailable(ApiError):
-    """503/429 (or no connection) still, after every retry."""
 
 
 _BY_STATUS = {400: InvalidRequest, 401: Unauthorized, 403: Forbidden, 404: NotFound, 409: Conflict,

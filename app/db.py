@@ -6,8 +6,9 @@ import os
 from typing import Any
 
 import psycopg
-from outboxq.settings import Settings, get_settings
 from psycopg.rows import dict_row
+
+from outboxq.settings import Settings, get_settings
 
 _resolved_url: str | None = None
 
@@ -21,13 +22,32 @@ def database_url(settings: Settings | None = None) -> str:
     global _resolved_url
     settings = settings or get_settings()
     if settings.database_url:
-        return normalize_url(settings.database_url)
+        return url_in_schema(normalize_url(settings.database_url), settings.db_schema)
     if _resolved_url is None:
         from outboxq.embedded import start_embedded
 
         _resolved_url = start_embedded(settings.embedded_data_dir)
         os.environ["DATABASE_URL"] = _resolved_url
-    return _resolved_url
+    return url_in_schema(_resolved_url, settings.db_schema)
+
+
+def url_in_schema(url: str, schema: str) -> str:
+    """`url` whose connections find outboxq's objects in `schema` first (search_path), then the usual ones.
+
+    The default schema, public, leaves the URL as it is. Handlers' own tables stay reachable: public (and the
+    user's own schema) follow outboxq's schema on the path.
+    """
+    if schema == "public":
+        return url
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query))
+    option = f'-c search_path="{schema}","$user",public'
+    if option in query.get("options", ""):
+        return url
+    query["options"] = f"{query['options']} {option}".strip() if query.get("options") else option
+    return urlunsplit(parts._replace(query=urlencode(query)))
 
 
 def normalize_url(url: str) -> str:

@@ -1,4 +1,8 @@
-"""The OutboxqError family: what the core raises. The HTTP layer maps them to status codes in one place."""
+"""Every exception of outboxq, in one module (re-exported by the top-level package).
+
+The OutboxqError family is what the core raises; the HTTP layer maps it to status codes in one place. The
+ApiError family is what the HTTP client raises for an error answer.
+"""
 
 from __future__ import annotations
 
@@ -74,3 +78,71 @@ class LeaseLost(OutboxqError):
     """A worker tried to act on a job whose lease it no longer holds (it was fenced)."""
 
     code = "lease_lost"
+
+
+class IdempotencyKeyReused(OutboxqError):
+    """The Idempotency-Key was already used for a request with another body."""
+
+    code = "idempotency_key_reused"
+
+
+class OutputTableMismatch(OutboxqError):
+    """The output table exists but lacks columns the results (or the delivery hash) need."""
+
+
+# ---------------------------------------------------------------- Spark processing
+
+
+class BatchFailed(Exception):
+    """The processor failed for the batch as a whole (not for a few jobs that could be set aside)."""
+
+    def __init__(self, message: str, traceback: str | None = None, job_errors: dict[int, str] | None = None):
+        super().__init__(message)
+        self.traceback = traceback
+        self.job_errors = job_errors or {}  # jobs that failed for a reason of their own
+
+
+# ---------------------------------------------------------------- test helpers (outboxq.testing)
+
+
+class JobFailed(AssertionError):
+    """The handler raised (or was fenced) where the test expected success."""
+
+
+# ---------------------------------------------------------------- the HTTP client (outboxq.client)
+
+
+class ApiError(Exception):
+    """The API answered with an error: its HTTP status, error code and message."""
+
+    def __init__(self, status: int, code: str, message: str):
+        self.status, self.code, self.message = status, code, message
+        super().__init__(f"{status} {code}: {message}")
+
+
+class InvalidRequest(ApiError):
+    """400/422: the request must be fixed (the message says how)."""
+
+
+class Unauthorized(ApiError):
+    """401: no token, or an unknown one."""
+
+
+class Forbidden(ApiError):
+    """403: the token lacks the scope."""
+
+
+class NotFound(ApiError):
+    """404: no such job (or route)."""
+
+
+class Conflict(ApiError):
+    """409: a duplicate key, a job in the wrong status, or an Idempotency-Key reused with another body."""
+
+
+class PayloadTooLarge(ApiError):
+    """413: the payload is over the server's size limit."""
+
+
+class Unavailable(ApiError):
+    """503/429 (or no connection) still, after every retry."""

@@ -17,6 +17,11 @@ class Settings(BaseSettings):
     database_url: str | None = Field(
         default=None, validation_alias=AliasChoices("DATABASE_URL", "OUTBOXQ_DATABASE_URL")
     )
+    # The PostgreSQL schema that holds every outboxq object (OUTBOXQ_SCHEMA): several independent outboxq
+    # instances can share one database, one schema each. Enqueue qualifies its statements with it; outboxq's
+    # own connections (workers, API, CLI) put it first on their search_path.
+    db_schema: str = Field(default="public", pattern=r"^[a-z_][a-z0-9_]{0,62}$",
+                           validation_alias=AliasChoices("OUTBOXQ_SCHEMA", "OUTBOXQ_DB_SCHEMA"))
     # Where the embedded PostgreSQL keeps its data; None means the user's data directory.
     embedded_data_dir: str | None = None
 

@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
+
 from outboxq.errors import InvalidInput
 from outboxq.queue import spark_sql
 from outboxq.spark_jobs.consumer import processor_id_for
 from outboxq.spark_jobs.delivery import validate_output_table
-from psycopg.rows import dict_row
 
 log = logging.getLogger("outboxq.spark")
 

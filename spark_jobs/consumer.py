@@ -14,12 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import psycopg
+
 from outboxq.db import connect
+from outboxq.errors import BatchFailed
 from outboxq.queue.backoff import RetryPolicy
 from outboxq.settings import Settings, get_settings
 from outboxq.spark_jobs import delivery
 from outboxq.spark_jobs.delivery import STEP_DURING_PROCESSING, DeliveryFenced, Snapshot, StepHook, _no_hook
-from outboxq.spark_jobs.processing import BatchEngine, BatchFailed
+from outboxq.spark_jobs.processing import BatchEngine
 
 log = logging.getLogger("outboxq.spark")
 

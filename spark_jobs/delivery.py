@@ -24,13 +24,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from outboxq.errors import InvalidInput, LeaseLost, OutboxqError
-from outboxq.queue import spark_sql
-from outboxq.queue import sql as job_sql
-from outboxq.queue.backoff import RetryPolicy
 from psycopg import sql as pgsql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
+
+from outboxq.errors import InvalidInput, LeaseLost, OutputTableMismatch
+from outboxq.queue import spark_sql
+from outboxq.queue import sql as job_sql
+from outboxq.queue.backoff import RetryPolicy
 
 log = logging.getLogger("outboxq.spark")
 
@@ -52,10 +53,6 @@ def _no_hook(step: str) -> None:
 
 class DeliveryFenced(LeaseLost):
     """A claim or delivery was refused: a newer epoch of the processor exists, or the lease was lost."""
-
-
-class OutputTableMismatch(OutboxqError):
-    """The output table exists but lacks columns the results (or the delivery hash) need."""
 
 
 @dataclass(frozen=True, slots=True)

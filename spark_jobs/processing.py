@@ -20,7 +20,7 @@ from datetime import date, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Protocol
 
-from outboxq.errors import InvalidInput
+from outboxq.errors import BatchFailed, InvalidInput
 from outboxq.spark_jobs.delivery import SnapshotJob, describe_exception
 
 if TYPE_CHECKING:
@@ -39,13 +39,7 @@ class BatchResult:
     processor_runs: int = 1
 
 
-class BatchFailed(Exception):
-    """The processor failed for the batch as a whole (not for a few jobs that could be set aside)."""
 
-    def __init__(self, message: str, traceback: str | None = None, job_errors: dict[int, str] | None = None):
-        super().__init__(message)
-        self.traceback = traceback
-        self.job_errors = job_errors or {}  # jobs that failed for a reason of their own
 
 
 class BatchEngine(Protocol):

@@ -15,9 +15,10 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
+
 from outboxq.db import url_with_database
 from outboxq.queue import migrate
-from psycopg.rows import dict_row
 
 
 def _docker_answers() -> bool:

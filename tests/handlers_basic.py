@@ -7,6 +7,7 @@ import threading
 import time
 
 import psycopg
+
 from outboxq.workers import JobContext, consumer
 
 _local = threading.local()

@@ -10,6 +10,7 @@ from contextvars import ContextVar
 
 import psycopg
 import pytest
+
 from outboxq.workers import JobContext, consumer
 from outboxq.workers import registry as registry_module
 

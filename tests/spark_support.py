@@ -10,11 +10,12 @@ from decimal import Decimal
 from typing import Any
 
 import psycopg
+from psycopg import sql as pgsql
+
 from outboxq.db import url_with_database
 from outboxq.queue import enqueue_many
 from outboxq.spark_jobs.consumer import Consumer, ConsumerConfig
 from outboxq.spark_jobs.processing import BatchEngine
-from psycopg import sql as pgsql
 
 QUEUE = "orders-in"
 TABLE = "customer_totals"

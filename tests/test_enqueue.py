@@ -7,10 +7,11 @@ from datetime import datetime, timedelta, timezone
 import psycopg
 import pytest
 import sqlalchemy
+from sqlalchemy.orm import Session
+
 from outboxq.db import create_engine
 from outboxq.errors import DuplicateJob, InvalidInput, InvalidPayload, UnknownDependency
 from outboxq.queue import JobStatus, enqueue, enqueue_many, get_job
-from sqlalchemy.orm import Session
 
 
 def count_jobs(url: str, queue: str | None = None) -> int:

@@ -5,15 +5,17 @@ from __future__ import annotations
 import psycopg
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+
 from outboxq.db import create_engine
 from outboxq.queue import migrate
-from outboxq.queue.schema import metadata
+from outboxq.queue.schema import VERSION_TABLE, metadata
 
 
 def test_migrated_database_matches_the_metadata(db_url):
     engine = create_engine(db_url)
     with engine.connect() as connection:
-        diff = compare_metadata(MigrationContext.configure(connection), metadata)
+        context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
+        diff = compare_metadata(context, metadata)
     engine.dispose()
     assert diff == []
 

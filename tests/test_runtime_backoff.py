@@ -7,13 +7,13 @@ import threading
 import time
 
 import psycopg
+from psycopg.rows import dict_row
+
 from outboxq.queue import enqueue_many
 from outboxq.queue.backoff import RetryPolicy
 from outboxq.settings import Settings
 from outboxq.workers.registry import Consumer
 from outboxq.workers.runner import Worker
-from psycopg.rows import dict_row
-
 from tests.handlers_runtime import wait_for
 
 

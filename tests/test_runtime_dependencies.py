@@ -6,14 +6,14 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
+
 from outboxq.queue import admin, enqueue, get_job
 from outboxq.queue.jobs import JobStatus
+from outboxq.testing import TestQueue
 from outboxq.workers.maintenance import promote, prune
 from outboxq.workers.registry import Consumer, register
 from outboxq.workers.runner import Worker
-from outboxq.workers.testing import TestQueue
-from psycopg.rows import dict_row
-
 from tests.handlers_runtime import isolated_registry, status_of, wait_for  # noqa: F401
 
 

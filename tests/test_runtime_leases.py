@@ -14,6 +14,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
+
 from outboxq.queue import enqueue, enqueue_many, get_job
 from outboxq.queue.jobs import JobStatus
 from outboxq.settings import get_settings
@@ -21,8 +23,6 @@ from outboxq.workers.executor import execute
 from outboxq.workers.maintenance import rescue
 from outboxq.workers.registry import Consumer
 from outboxq.workers.runner import Worker
-from psycopg.rows import dict_row
-
 from tests.handlers_runtime import EFFECTS_DDL, RUNS_DDL, status_of, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,15 +14,15 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
+
 from outboxq.errors import InvalidTransition
 from outboxq.queue import admin, enqueue, enqueue_many, get_job, sql
 from outboxq.queue.jobs import JobStatus
+from outboxq.testing import JobFailed, TestQueue
 from outboxq.workers.maintenance import prune
 from outboxq.workers.registry import Consumer, register
 from outboxq.workers.runner import Worker
-from outboxq.workers.testing import JobFailed, TestQueue
-from psycopg.rows import dict_row
-
 from tests.handlers_runtime import isolated_registry, status_of, wait_for  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -242,7 +242,7 @@ def test_health_goes_unhealthy_after_allowed_error_time_with_grace_and_hooks_int
     assert [c[0] for c in calls] == ["error", "recovered"]
 
 
-# ---------------------------------------------------------------- workers.testing
+# ---------------------------------------------------------------- outboxq.testing
 
 
 def test_testing_helpers_run_in_the_calling_thread_and_check_idempotence(dict_conn, db_url):

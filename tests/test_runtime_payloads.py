@@ -8,16 +8,16 @@ import zlib
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
+
 from outboxq.errors import InvalidPayload
 from outboxq.queue import context as job_context
 from outboxq.queue import enqueue, enqueue_many, get_job
 from outboxq.queue.jobs import JobStatus
+from outboxq.testing import TestQueue
 from outboxq.workers.context import delivery_hash
 from outboxq.workers.registry import Consumer, register
 from outboxq.workers.runner import Worker
-from outboxq.workers.testing import TestQueue
-from psycopg.rows import dict_row
-
 from tests.handlers_runtime import REQUEST_ID_VAR, isolated_registry, request_id, status_of, wait_for  # noqa: F401
 
 

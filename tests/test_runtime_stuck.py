@@ -8,13 +8,13 @@ import threading
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
+
 from outboxq.queue import enqueue
 from outboxq.workers import executor
 from outboxq.workers.executor import AsyncLoop
 from outboxq.workers.registry import Consumer
 from outboxq.workers.runner import Worker
-from psycopg.rows import dict_row
-
 from tests.handlers_runtime import status_of, wait_for
 
 

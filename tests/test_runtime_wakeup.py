@@ -9,12 +9,12 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import psycopg
-from outboxq.queue import enqueue
-from outboxq.workers.registry import Consumer, register
-from outboxq.workers.runner import Worker
-from outboxq.workers.testing import TestQueue
 from psycopg.rows import dict_row
 
+from outboxq.queue import enqueue
+from outboxq.testing import TestQueue
+from outboxq.workers.registry import Consumer, register
+from outboxq.workers.runner import Worker
 from tests.handlers_runtime import isolated_registry, wait_for  # noqa: F401
 
 

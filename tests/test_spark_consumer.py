@@ -12,6 +12,7 @@ from decimal import Decimal
 
 import psycopg
 import pytest
+
 from outboxq.queue import get_job
 from outboxq.spark_jobs import delivery, examples
 from outboxq.spark_jobs.consumer import processor_id_for
@@ -22,7 +23,6 @@ from outboxq.spark_jobs.delivery import (
     STEP_DURING_PROCESSING,
 )
 from outboxq.spark_jobs.processing import SparkEngine, infer_schema
-
 from tests.api_support import api_client
 from tests.spark_support import (
     Crash,

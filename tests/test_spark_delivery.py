@@ -11,6 +11,7 @@ import threading
 
 import psycopg
 import pytest
+
 from outboxq.queue import get_job
 from outboxq.spark_jobs import delivery
 from outboxq.spark_jobs.delivery import (
@@ -22,7 +23,6 @@ from outboxq.spark_jobs.delivery import (
     OutputTableMismatch,
 )
 from outboxq.spark_jobs.processing import PythonEngine, isolate_failures
-
 from tests.spark_support import (
     QUEUE,
     TABLE,

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
+
 from outboxq.queue import JobStatus, enqueue, enqueue_many, get_job
 from outboxq.workers.executor import execute
 from outboxq.workers.maintenance import rescue
 from outboxq.workers.registry import Consumer
 from outboxq.workers.runner import Worker
-from psycopg.rows import dict_row
-
 from tests.handlers_basic import RUNS_TABLE_DDL
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+
 from outboxq.progress import Progress
 
 DRIVERS = Path(__file__).with_name("bench_drivers.py")

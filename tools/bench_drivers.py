@@ -123,6 +123,7 @@ async def until_stop_or_done(task: asyncio.Task[Any]) -> None:
 def outboxq_fill(spec: dict[str, Any]) -> dict[str, Any]:
     """Enqueue `n` no-op jobs with enqueue_many, `batch` per transaction."""
     import psycopg
+
     from outboxq.queue.enqueue import enqueue_many
 
     n, batch = spec["n"], spec.get("batch", 10_000)
@@ -138,6 +139,7 @@ def outboxq_fill(spec: dict[str, Any]) -> dict[str, Any]:
 def outboxq_enqueue_single(spec: dict[str, Any]) -> dict[str, Any]:
     """`n` calls of enqueue + commit on one connection."""
     import psycopg
+
     from outboxq.queue.enqueue import enqueue
 
     n = spec["n"]
@@ -300,6 +302,7 @@ def outboxq_latency_worker(spec: dict[str, Any]) -> dict[str, Any]:
 def outboxq_latency_enqueue(spec: dict[str, Any]) -> dict[str, Any]:
     """Enqueue one job at a time, `gap_s` apart, recording when each commit returned."""
     import psycopg
+
     from outboxq.queue.enqueue import enqueue
 
     committed: dict[int, float] = {}

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+
 from outboxq.db import url_with_database, url_with_user
 from outboxq.queue import enqueue
 from outboxq.queue.migrate import upgrade

@@ -12,13 +12,14 @@ import statistics
 import time
 from typing import Any
 
+from psycopg import sql as pgsql
+
 from outboxq.db import connect, database_url
 from outboxq.queue import enqueue_many
 from outboxq.spark_jobs import examples
 from outboxq.spark_jobs.consumer import Consumer, ConsumerConfig
 from outboxq.spark_jobs.processing import BatchEngine, PythonEngine, SparkEngine
 from outboxq.spark_jobs.session import build_session
-from psycopg import sql as pgsql
 
 QUEUE = "outboxq-spark-bench"
 ENQUEUE_CHUNK = 10_000

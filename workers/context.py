@@ -11,6 +11,7 @@ from functools import cached_property
 from typing import Any
 
 import psycopg
+
 from outboxq.errors import LeaseLost
 from outboxq.queue import sql
 
@@ -85,7 +86,7 @@ class JobContext:
         the effect happens exactly once even if the worker dies at any point.
         """
         if self._connection_factory is None:
-            raise RuntimeError("ctx.transaction() needs a worker (or workers.testing) to provide connections")
+            raise RuntimeError("ctx.transaction() needs a worker (or outboxq.testing) to provide connections")
         conn = self._connection_factory()
         try:
             with conn.transaction():

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Callable
 
 import psycopg
+
 from outboxq.queue.schema import NOTIFY_CHANNEL
 
 log = logging.getLogger("outboxq.worker")

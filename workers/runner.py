@@ -24,7 +24,9 @@ from collections.abc import Iterable
 from typing import Any
 
 import psycopg
-from outboxq.db import database_url
+from psycopg.rows import dict_row
+
+from outboxq.db import database_url, url_in_schema
 from outboxq.queue import sql
 from outboxq.settings import Settings, get_settings
 from outboxq.workers import executor
@@ -33,7 +35,6 @@ from outboxq.workers.executor import AsyncLoop, ClaimedJob, Outcome
 from outboxq.workers.listener import Listener
 from outboxq.workers.maintenance import promote, prune, rescue
 from outboxq.workers.registry import Consumer, all_consumers
-from psycopg.rows import dict_row
 
 log = logging.getLogger("outboxq.worker")
 
@@ -58,7 +59,8 @@ class Worker:
         listen: bool = True,
     ):
         self.settings = settings or get_settings()
-        self.url = url or database_url(self.settings)
+        # An explicit url still follows OUTBOXQ_SCHEMA: the worker's connections find outboxq's tables there.
+        self.url = url_in_schema(url, self.settings.db_schema) if url else database_url(self.settings)
         self.consumers = {c.queue: c for c in (consumers if consumers is not None else all_consumers())}
         if not self.consumers:
             raise ValueError("a worker needs at least one consumer (@consumer) to run")

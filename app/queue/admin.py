@@ -8,11 +8,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from psycopg.rows import dict_row
+
 from outboxq.errors import InvalidTransition, JobNotFound
 from outboxq.queue import sql
 from outboxq.queue.enqueue import get_job, psycopg_connection, validate_queue_name
 from outboxq.queue.jobs import Job, JobStatus
-from psycopg.rows import dict_row
 
 
 def _rows(conn: Any, statement: str, params: dict[str, Any]) -> list[dict[str, Any]]:

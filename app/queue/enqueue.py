@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
+
 from outboxq.errors import DuplicateJob, InvalidInput, InvalidPayload, UnknownDependency
 from outboxq.queue import context as job_context
 from outboxq.queue import sql
 from outboxq.queue.jobs import Job, JobStatus
-from psycopg.rows import dict_row
+from outboxq.settings import get_settings
 
 QUEUE_NAME_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 MAX_KEY_LENGTH = 255
@@ -132,9 +134,103 @@ def psycopg_connection(conn: Any) -> psycopg.Connection:
     )
 
 
-def _resolve_dependencies(
-    cur: psycopg.Cursor, depends_on: Iterable[Sequence[str]]
-) -> tuple[list[int], JobStatus, str | None]:
+async def async_psycopg_connection(conn: Any) -> psycopg.AsyncConnection:
+    """The psycopg AsyncConnection behind a psycopg AsyncConnection or a SQLAlchemy AsyncSession /
+    AsyncConnection (psycopg async driver); statements run on it belong to the caller's transaction."""
+    if isinstance(conn, psycopg.AsyncConnection):
+        return conn
+    from sqlalchemy.ext.asyncio import AsyncConnection as SAAsyncConnection
+    from sqlalchemy.ext.asyncio import AsyncSession
+
+    if isinstance(conn, AsyncSession):
+        conn = await conn.connection()  # begins the session's transaction if it has none
+    if isinstance(conn, SAAsyncConnection):
+        driver = (await conn.get_raw_connection()).driver_connection
+        if isinstance(driver, psycopg.AsyncConnection):
+            return driver
+        raise InvalidInput(
+            "the SQLAlchemy async engine must use the psycopg 3 driver (a postgresql+psycopg:// URL), "
+            f"not {type(driver).__module__}"
+        )
+    raise InvalidInput(
+        "conn must be a psycopg AsyncConnection or a SQLAlchemy AsyncSession / AsyncConnection, not "
+        f"{type(conn).__name__} (use enqueue() for sync connections)"
+    )
+
+
+# ---------------------------------------------------------------- the writes, once for sync and async callers
+#
+# enqueue and enqueue_many are written once, as plans: generators that validate their arguments, then yield
+# the statements to run (a Statement or a Copy) and receive each one's rows. `_run_plan` runs a plan on a
+# psycopg Connection, `_run_plan_async` on an AsyncConnection, so the sync and async calls cannot drift apart.
+
+
+class Statement:
+    """One statement of a plan; `rows` says what the plan gets back: "all", "one" or "none"."""
+
+    __slots__ = ("text", "params", "rows")
+
+    def __init__(self, text: str, params: dict[str, Any], rows: str = "all"):
+        self.text, self.params, self.rows = text, params, rows
+
+
+class Copy:
+    """A COPY ... FROM STDIN of these rows (the plan gets None back)."""
+
+    __slots__ = ("text", "rows")
+
+    def __init__(self, text: str, rows: list[tuple[Any, ...]]):
+        self.text, self.rows = text, rows
+
+
+Plan = Generator[Statement | Copy, Any, Any]
+
+
+def _run_plan(pg: psycopg.Connection, plan: Plan) -> Any:
+    """Run a plan on a psycopg connection, in its current transaction; returns the plan's result."""
+    schema = get_settings().db_schema
+    with pg.cursor(row_factory=dict_row) as cur:
+        result: Any = None
+        while True:
+            try:
+                step = plan.send(result)
+            except StopIteration as done:
+                return done.value
+            if isinstance(step, Copy):
+                with cur.copy(sql.qualified(step.text, schema)) as copy:
+                    for row in step.rows:
+                        copy.write_row(row)
+                result = None
+                continue
+            cur.execute(sql.qualified(step.text, schema), step.params)
+            result = cur.fetchall() if step.rows == "all" else cur.fetchone() if step.rows == "one" else None
+
+
+async def _run_plan_async(pg: psycopg.AsyncConnection, plan: Plan) -> Any:
+    """Run a plan on a psycopg AsyncConnection, in its current transaction; returns the plan's result."""
+    schema = get_settings().db_schema
+    async with pg.cursor(row_factory=dict_row) as cur:
+        result: Any = None
+        while True:
+            try:
+                step = plan.send(result)
+            except StopIteration as done:
+                return done.value
+            if isinstance(step, Copy):
+                async with cur.copy(sql.qualified(step.text, schema)) as copy:
+                    for row in step.rows:
+                        await copy.write_row(row)
+                result = None
+                continue
+            await cur.execute(sql.qualified(step.text, schema), step.params)
+            if step.rows == "all":
+                result = await cur.fetchall()
+            else:
+                result = await cur.fetchone() if step.rows == "one" else None
+
+
+def _resolve_dependencies(depends_on: Iterable[Sequence[str]]) -> Generator[Statement, Any, tuple[
+        list[int], JobStatus, str | None]]:
     wanted: list[tuple[str, str]] = []
     for pair in depends_on:
         if isinstance(pair, dict):
@@ -145,8 +241,9 @@ def _resolve_dependencies(
     wanted = list(dict.fromkeys(wanted))
     if not wanted:
         return [], JobStatus.QUEUED, None
-    cur.execute(sql.job_find_by_keys, {"queues": [q for q, _ in wanted], "keys": [k for _, k in wanted]})
-    found = {(r["queue"], r["key"]): r for r in cur.fetchall()}
+    rows = yield Statement(sql.job_find_by_keys,
+                           {"queues": [q for q, _ in wanted], "keys": [k for _, k in wanted]})
+    found = {(r["queue"], r["key"]): r for r in rows}
     missing = [pair for pair in wanted if pair not in found]
     if missing:
         raise UnknownDependency(missing)
@@ -161,23 +258,17 @@ def _resolve_dependencies(
     return ids, JobStatus.WAITING, reason or None
 
 
-def enqueue(
-    conn: Any,
+def _enqueue_plan(
     queue: str,
     payload: Any,
     *,
-    key: str | None = None,
-    depends_on: Iterable[Sequence[str]] = (),
-    run_at: datetime | None = None,
-    delay: float | None = None,
-    priority: int = 0,
-    max_attempts: int | None = None,
-) -> Job:
-    """Write one job in the caller's transaction and return it; nothing is committed here.
-
-    Raises DuplicateJob when (queue, key) exists, UnknownDependency when a depends_on pair has no job
-    (before anything is written), InvalidInput / InvalidPayload for arguments to fix.
-    """
+    key: str | None,
+    depends_on: Iterable[Sequence[str]],
+    run_at: datetime | None,
+    delay: float | None,
+    priority: int,
+    max_attempts: int | None,
+) -> Plan:
     validate_queue_name(queue)
     validate_key(key)
     delay_s = _validate_options(run_at, delay, priority, max_attempts)
@@ -186,50 +277,44 @@ def enqueue(
     if hooks is not None and hooks.depends_on is not None:
         depends_on = [*depends_on, *hooks.depends_on(payload)]
     context = job_context.capture()
-    pg = psycopg_connection(conn)
-    with pg.cursor(row_factory=dict_row) as cur:
-        dependency_ids, status, waiting_reason = _resolve_dependencies(cur, depends_on)
-        cur.execute(
-            sql.job_insert,
-            {
-                "queue": queue,
-                "key": key,
-                "status": status.value,
-                "payload": payload_json,
-                "payload_bytes": payload_bytes,
-                "priority": priority,
-                "run_at": run_at,
-                "delay": delay_s,
-                "max_attempts": max_attempts,
-                "context": context,
-                "waiting_reason": waiting_reason,
-            },
-        )
-        row = cur.fetchone()
-        if row is None:
-            raise DuplicateJob(queue, key or "")
-        if dependency_ids:
-            cur.execute(sql.job_dependencies_insert, {"job_id": row["id"], "depends_on_ids": dependency_ids})
+    dependency_ids, status, waiting_reason = yield from _resolve_dependencies(depends_on)
+    row = yield Statement(
+        sql.job_insert,
+        {
+            "queue": queue,
+            "key": key,
+            "status": status.value,
+            "payload": payload_json,
+            "payload_bytes": payload_bytes,
+            "priority": priority,
+            "run_at": run_at,
+            "delay": delay_s,
+            "max_attempts": max_attempts,
+            "context": context,
+            "waiting_reason": waiting_reason,
+        },
+        rows="one",
+    )
+    if row is None:
+        raise DuplicateJob(queue, key or "")
+    if dependency_ids:
+        yield Statement(sql.job_dependencies_insert, {"job_id": row["id"], "depends_on_ids": dependency_ids},
+                        rows="none")
     return _written_job(row, queue, payload, priority=priority, max_attempts=max_attempts,
                         context=json.loads(context) if context else None, key=key,
                         waiting_reason=waiting_reason)
 
 
-def enqueue_many(
-    conn: Any,
+def _enqueue_many_plan(
     queue: str,
     payloads: Iterable[Any],
     *,
-    keys: Sequence[str | None] | None = None,
-    run_at: datetime | None = None,
-    delay: float | None = None,
-    priority: int = 0,
-    max_attempts: int | None = None,
-) -> list[Job]:
-    """Write many jobs of one queue in one statement, in the caller's transaction; all or none.
-
-    `keys`, when given, has one key (or None) per payload.
-    """
+    keys: Sequence[str | None] | None,
+    run_at: datetime | None,
+    delay: float | None,
+    priority: int,
+    max_attempts: int | None,
+) -> Plan:
     validate_queue_name(queue)
     delay_s = _validate_options(run_at, delay, priority, max_attempts)
     payloads = list(payloads)
@@ -249,17 +334,95 @@ def enqueue_many(
         return []
     encoded = [encode_payload(queue, p) for p in payloads]
     context = job_context.capture()
-    pg = psycopg_connection(conn)
-    if keys is None or all(k is None for k in key_list):
-        rows = _copy_jobs(pg, queue, encoded, priority=priority, run_at=run_at, delay_s=delay_s,
-                          max_attempts=max_attempts, context=context)
+    options = {"priority": priority, "run_at": run_at, "delay_s": delay_s, "max_attempts": max_attempts,
+               "context": context}
+    if all(k is None for k in key_list):
+        rows = yield from _copy_jobs(queue, encoded, **options)
     else:
-        rows = _insert_jobs(pg, queue, key_list, encoded, priority=priority, run_at=run_at, delay_s=delay_s,
-                            max_attempts=max_attempts, context=context)
+        rows = yield from _insert_jobs(queue, key_list, encoded, **options)
     context_value = json.loads(context) if context else None
     return [_written_job(row, queue, payload, priority=priority, max_attempts=max_attempts, context=context_value,
                          key=row["key"])
             for row, payload in zip(rows, payloads, strict=True)]
+
+
+def enqueue(
+    conn: Any,
+    queue: str,
+    payload: Any,
+    *,
+    key: str | None = None,
+    depends_on: Iterable[Sequence[str]] = (),
+    run_at: datetime | None = None,
+    delay: float | None = None,
+    priority: int = 0,
+    max_attempts: int | None = None,
+) -> Job:
+    """Write one job in the caller's transaction and return it; nothing is committed here.
+
+    `conn` is a psycopg Connection or a SQLAlchemy Session / Connection. Raises DuplicateJob when
+    (queue, key) exists, UnknownDependency when a depends_on pair has no job (before anything is written),
+    InvalidInput / InvalidPayload for arguments to fix.
+    """
+    plan = _enqueue_plan(queue, payload, key=key, depends_on=depends_on, run_at=run_at, delay=delay,
+                         priority=priority, max_attempts=max_attempts)
+    return _run_plan(psycopg_connection(conn), plan)
+
+
+async def enqueue_async(
+    conn: Any,
+    queue: str,
+    payload: Any,
+    *,
+    key: str | None = None,
+    depends_on: Iterable[Sequence[str]] = (),
+    run_at: datetime | None = None,
+    delay: float | None = None,
+    priority: int = 0,
+    max_attempts: int | None = None,
+) -> Job:
+    """enqueue() for async code: `conn` is a psycopg AsyncConnection or a SQLAlchemy AsyncSession /
+    AsyncConnection; same options, validation and errors, and it never commits."""
+    plan = _enqueue_plan(queue, payload, key=key, depends_on=depends_on, run_at=run_at, delay=delay,
+                         priority=priority, max_attempts=max_attempts)
+    return await _run_plan_async(await async_psycopg_connection(conn), plan)
+
+
+def enqueue_many(
+    conn: Any,
+    queue: str,
+    payloads: Iterable[Any],
+    *,
+    keys: Sequence[str | None] | None = None,
+    run_at: datetime | None = None,
+    delay: float | None = None,
+    priority: int = 0,
+    max_attempts: int | None = None,
+) -> list[Job]:
+    """Write many jobs of one queue in one statement, in the caller's transaction; all or none.
+
+    `keys`, when given, has one key (or None) per payload.
+    """
+    plan = _enqueue_many_plan(queue, payloads, keys=keys, run_at=run_at, delay=delay, priority=priority,
+                              max_attempts=max_attempts)
+    return _run_plan(psycopg_connection(conn), plan)
+
+
+async def enqueue_many_async(
+    conn: Any,
+    queue: str,
+    payloads: Iterable[Any],
+    *,
+    keys: Sequence[str | None] | None = None,
+    run_at: datetime | None = None,
+    delay: float | None = None,
+    priority: int = 0,
+    max_attempts: int | None = None,
+) -> list[Job]:
+    """enqueue_many() for async code (psycopg AsyncConnection, SQLAlchemy AsyncSession / AsyncConnection)."""
+    plan = _enqueue_many_plan(queue, payloads, keys=keys, run_at=run_at, delay=delay, priority=priority,
+                              max_attempts=max_attempts)
+    return await _run_plan_async(await async_psycopg_connection(conn), plan)
 
 
 def _written_job(row: dict[str, Any], queue: str, payload: Any, *, priority: int, max_attempts: int | None,
@@ -270,60 +433,62 @@ def _written_job(row: dict[str, Any], queue: str, payload: Any, *, priority: int
                waiting_reason=waiting_reason, context=context, created_at=row["created_at"])
 
 
-def _copy_jobs(pg: psycopg.Connection, queue: str, encoded: list[tuple[str | None, bytes | None]], *,
-               priority: int, run_at: datetime | None, delay_s: float | None, max_attempts: int | None,
-               context: str | None) -> list[dict[str, Any]]:
+def _copy_jobs(queue: str, encoded: list[tuple[str | None, bytes | None]], *, priority: int,
+               run_at: datetime | None, delay_s: float | None, max_attempts: int | None,
+               context: str | None) -> Generator[Statement | Copy, Any, list[dict[str, Any]]]:
     """Write key-less jobs with COPY (no key can conflict); the rows as an INSERT would return them."""
-    with pg.cursor(row_factory=dict_row) as cur:
-        reserved = cur.execute(sql.job_reserve_ids, {"n": len(encoded)}).fetchone()
-        now = reserved["now"]
-        due = run_at or (now + timedelta(seconds=delay_s or 0.0))
-        with cur.copy(sql.job_copy) as copy:
-            for job_id, (payload, payload_bytes) in zip(reserved["ids"], encoded, strict=True):
-                copy.write_row((job_id, queue, "queued", payload, payload_bytes, priority, due, max_attempts,
-                                context, now))
+    reserved = yield Statement(sql.job_reserve_ids, {"n": len(encoded)}, rows="one")
+    now = reserved["now"]
+    due = run_at or (now + timedelta(seconds=delay_s or 0.0))
+    yield Copy(sql.job_copy, [(job_id, queue, "queued", payload, payload_bytes, priority, due, max_attempts,
+                               context, now)
+                              for job_id, (payload, payload_bytes) in zip(reserved["ids"], encoded, strict=True)])
     return [{"id": job_id, "key": None, "status": "queued", "run_at": due, "created_at": now}
             for job_id in reserved["ids"]]
 
 
-def _insert_jobs(pg: psycopg.Connection, queue: str, key_list: list[str | None],
-                 encoded: list[tuple[str | None, bytes | None]], *, priority: int, run_at: datetime | None,
-                 delay_s: float | None, max_attempts: int | None, context: str | None) -> list[dict[str, Any]]:
+def _insert_jobs(queue: str, key_list: list[str | None], encoded: list[tuple[str | None, bytes | None]], *,
+                 priority: int, run_at: datetime | None, delay_s: float | None, max_attempts: int | None,
+                 context: str | None) -> Generator[Statement, Any, list[dict[str, Any]]]:
     """Write jobs with keys in one INSERT; DuplicateJob (and this call's rows undone) when a key exists."""
-    with pg.cursor(row_factory=dict_row) as cur:
-        cur.execute(
-            sql.job_insert_many,
-            {
-                "queue": queue,
-                "keys": key_list,
-                "payloads": [e[0] for e in encoded],
-                "payloads_bytes": [e[1] for e in encoded],
-                "priority": priority,
-                "run_at": run_at,
-                "delay": delay_s,
-                "max_attempts": max_attempts,
-                "context": context,
-            },
-        )
-        rows = cur.fetchall()
-        if len(rows) != len(encoded):
-            # A key already existed: undo this call's rows so the caller's transaction stays whole.
-            inserted_keys = {r["key"] for r in rows}
-            duplicate = next(k for k in key_list if k is not None and k not in inserted_keys)
-            cur.execute(sql.job_delete_by_ids, {"ids": [r["id"] for r in rows]})
-            raise DuplicateJob(queue, duplicate)
+    rows = yield Statement(
+        sql.job_insert_many,
+        {
+            "queue": queue,
+            "keys": key_list,
+            "payloads": [e[0] for e in encoded],
+            "payloads_bytes": [e[1] for e in encoded],
+            "priority": priority,
+            "run_at": run_at,
+            "delay": delay_s,
+            "max_attempts": max_attempts,
+            "context": context,
+        },
+    )
+    if len(rows) != len(encoded):
+        # A key already existed: undo this call's rows so the caller's transaction stays whole.
+        inserted_keys = {r["key"] for r in rows}
+        duplicate = next(k for k in key_list if k is not None and k not in inserted_keys)
+        yield Statement(sql.job_delete_by_ids, {"ids": [r["id"] for r in rows]}, rows="none")
+        raise DuplicateJob(queue, duplicate)
     return rows
 
 
-def get_job(conn: Any, job_id: int) -> Job | None:
-    """The job with this id (from any of the accepted connection types), or None."""
-    pg = psycopg_connection(conn)
-    with pg.cursor(row_factory=dict_row) as cur:
-        cur.execute(sql.job_get, {"id": job_id})
-        row = cur.fetchone()
+def _get_job_plan(job_id: int) -> Plan:
+    row = yield Statement(sql.job_get, {"id": job_id}, rows="one")
     if row is None:
         return None
     row = dict(row)
     if row.get("payload") is None and row.get("payload_bytes") is not None:
         row["payload"] = bytes(row["payload_bytes"])
     return Job.from_row(row)
+
+
+def get_job(conn: Any, job_id: int) -> Job | None:
+    """The job with this id (from any of the accepted connection types), or None."""
+    return _run_plan(psycopg_connection(conn), _get_job_plan(job_id))
+
+
+async def get_job_async(conn: Any, job_id: int) -> Job | None:
+    """get_job() for async code (psycopg AsyncConnection, SQLAlchemy AsyncSession / AsyncConnection)."""
+    return await _run_plan_async(await async_psycopg_connection(conn), _get_job_plan(job_id))

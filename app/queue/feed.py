@@ -23,11 +23,12 @@ import hmac
 from dataclasses import dataclass
 from typing import Any
 
+from psycopg.rows import dict_row
+
 from outboxq.errors import InvalidInput
 from outboxq.queue import sql
 from outboxq.queue.enqueue import psycopg_connection, validate_queue_name
 from outboxq.queue.jobs import Job, JobStatus
-from psycopg.rows import dict_row
 
 # Jobs of one queue after a position, below the reader's snapshot xmin, in (created_xid, id) order.
 feed_page = f"""

@@ -12,10 +12,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from outboxq.errors import InvalidInput, OutboxqError
-from outboxq.queue.enqueue import psycopg_connection
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
+
+from outboxq.errors import IdempotencyKeyReused, InvalidInput
+from outboxq.queue.enqueue import psycopg_connection
 
 # Statements on outboxq_idempotency_keys (kept here: no job statement lives in this module).
 idempotency_lock = "SELECT pg_advisory_xact_lock(hashtextextended(%(scope)s || E'\\n' || %(key)s, 7001))"
@@ -29,12 +30,6 @@ VALUES (%(scope)s, %(key)s, %(request_hash)s, %(response_status)s, %(response_bo
 """
 
 MAX_KEY_LENGTH = 255
-
-
-class IdempotencyKeyReused(OutboxqError):
-    """The Idempotency-Key was already used for a request with another body."""
-
-    code = "idempotency_key_reused"
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,22 +5,28 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-import outboxq.migrations
 import psycopg
 from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
+from psycopg.rows import tuple_row
+
+import outboxq.migrations
 from outboxq.errors import SchemaOutOfDate
+from outboxq.queue import sql
+from outboxq.queue.schema import VERSION_TABLE
+from outboxq.settings import get_settings
 
 # The alembic scripts: the outboxq.migrations subpackage (the repository's migrations/ folder).
 MIGRATIONS_DIR = Path(outboxq.migrations.__file__).resolve().parent
 
 
-def alembic_config(url: str) -> Config:
-    """An alembic Config for the packaged migrations, bound to `url`."""
+def alembic_config(url: str, schema: str | None = None) -> Config:
+    """An alembic Config for the packaged migrations, bound to `url` and outboxq's schema."""
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     config.attributes["database_url"] = url
+    config.attributes["schema"] = schema or get_settings().db_schema
     return config
 
 
@@ -32,25 +38,34 @@ def head_revision() -> str:
     return head
 
 
-def upgrade(url: str) -> str:
-    """Migrate the database at `url` to the newest schema; returns the revision."""
-    command.upgrade(alembic_config(url), "head")
+def upgrade(url: str, schema: str | None = None) -> str:
+    """Migrate outboxq's objects in the database at `url` (in `schema`, default OUTBOXQ_SCHEMA) to the newest
+    revision; returns the revision."""
+    command.upgrade(alembic_config(url, schema), "head")
     return head_revision()
 
 
-def current_revision(url: str) -> str | None:
-    """The revision the database at `url` is at (None when it was never migrated)."""
+def current_revision(url: str, schema: str | None = None) -> str | None:
+    """The revision outboxq's objects in `schema` are at (None when never migrated)."""
     with psycopg.connect(url, autocommit=True) as conn:
-        exists = conn.execute("SELECT to_regclass('alembic_version') IS NOT NULL").fetchone()
-        if not exists or not exists[0]:
+        return revision_on(conn, schema)
+
+
+def revision_on(conn: psycopg.Connection, schema: str | None = None) -> str | None:
+    """current_revision() on an open connection (the API's readiness check uses its pool)."""
+    version_table = f'"{schema or get_settings().db_schema}".{VERSION_TABLE}'
+    with conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(sql.schema_version_exists, {"table": version_table})
+        if not cur.fetchone()[0]:
             return None
-        row = conn.execute("SELECT version_num FROM alembic_version").fetchone()
-        return row[0] if row else None
+        cur.execute(sql.qualified(sql.schema_version_get, schema or get_settings().db_schema))
+        row = cur.fetchone()
+    return row[0] if row else None
 
 
-def ensure_current(url: str) -> None:
+def ensure_current(url: str, schema: str | None = None) -> None:
     """Raise SchemaOutOfDate, saying to run `outboxq migrate`, unless the schema is at head."""
-    current = current_revision(url)
+    current = current_revision(url, schema)
     if current != head_revision():
         raise SchemaOutOfDate(
             f"the database schema is at {current or 'nothing (never migrated)'} but this outboxq needs "

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from outboxq.queue.schema import metadata
 from psycopg import sql as pgsql
+
+from outboxq.queue.schema import VERSION_TABLE, metadata
 
 
 def app_role_statements(role: str, *, password: str | None = None, schema: str = "public") -> list[pgsql.Composed]:
@@ -24,7 +25,7 @@ def app_role_statements(role: str, *, password: str | None = None, schema: str =
         create,
         pgsql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(pgsql.Identifier(schema), ident),
         pgsql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(tables, ident),
-        pgsql.SQL("GRANT SELECT ON {} TO {}").format(pgsql.Identifier(schema, "alembic_version"), ident),
+        pgsql.SQL("GRANT SELECT ON {} TO {}").format(pgsql.Identifier(schema, VERSION_TABLE), ident),
         pgsql.SQL("GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA {} TO {}").format(pgsql.Identifier(schema), ident),
     ]
 

@@ -191,6 +191,9 @@ spark_batches = Table(
 )
 
 # DDL that SQLAlchemy metadata cannot express: the wake-up notification for new work.
+# Where `outboxq migrate` records its revision: a table of its own, never the application's alembic_version.
+VERSION_TABLE = "outboxq_alembic_version"
+
 NOTIFY_CHANNEL = "outboxq_jobs"
 
 NOTIFY_FUNCTION_DDL = f"""

@@ -5,7 +5,22 @@ Statements that depend on time take a `now` parameter where tests need to move t
 
 from __future__ import annotations
 
-from outboxq.queue.schema import NOTIFY_CHANNEL
+import re
+from functools import lru_cache
+
+from outboxq.queue.schema import NOTIFY_CHANNEL, VERSION_TABLE, metadata
+
+# outboxq's table names, longest first so that outboxq_jobs never matches inside outboxq_jobs_x.
+_TABLE_NAME = re.compile(
+    r"(?<![\w.\"])(" + "|".join(sorted([*metadata.tables, VERSION_TABLE], key=len, reverse=True)) + r")\b"
+)
+
+
+@lru_cache(maxsize=256)
+def qualified(statement: str, schema: str) -> str:
+    """`statement` with each outboxq table named in `schema` (for statements run on the caller's connection,
+    whose search_path is the caller's, not outboxq's)."""
+    return _TABLE_NAME.sub(lambda m: f'"{schema}".{m.group(1)}', statement)
 
 JOB_COLUMNS = (
     "id, queue, key, status, payload, payload_bytes, priority, run_at, attempts, max_attempts, "
@@ -479,3 +494,8 @@ FROM outboxq_job_dependencies d JOIN outboxq_jobs j ON j.id = d.job_id
 WHERE d.depends_on_id = %(id)s
 ORDER BY 1, 2
 """
+
+# ---------------------------------------------------------------- schema version (outboxq's own table)
+
+schema_version_exists = "SELECT to_regclass(%(table)s) IS NOT NULL"
+schema_version_get = "SELECT version_num FROM outboxq_alembic_version"

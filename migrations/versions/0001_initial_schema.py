@@ -7,8 +7,9 @@ Create Date: 2026-11-22 22:45:41.595259
 
 import sqlalchemy as sa
 from alembic import op
-from outboxq.queue.schema import NOTIFY_FUNCTION_DDL, NOTIFY_TRIGGER_DDL
 from sqlalchemy.dialects import postgresql
+
+from outboxq.queue.schema import NOTIFY_FUNCTION_DDL, NOTIFY_TRIGGER_DDL
 
 revision = "0001"
 down_revision = None

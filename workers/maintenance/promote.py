@@ -5,8 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from outboxq.queue import sql
 from psycopg.rows import dict_row
+
+from outboxq.queue import sql
 
 
 def run_once(conn: Any, *, now: datetime | None = None) -> dict[str, int]:

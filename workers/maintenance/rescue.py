@@ -6,9 +6,10 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
+from psycopg.rows import dict_row
+
 from outboxq.queue import sql
 from outboxq.settings import get_settings
-from psycopg.rows import dict_row
 
 log = logging.getLogger("outboxq.maintenance")
 

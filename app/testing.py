@@ -5,17 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
-from outboxq.db import database_url
-from outboxq.errors import InvalidTransition, JobNotFound
+from psycopg.rows import dict_row
+
+from outboxq.db import database_url, url_in_schema
+from outboxq.errors import InvalidTransition, JobFailed, JobNotFound
 from outboxq.queue import sql
+from outboxq.settings import get_settings
 from outboxq.workers import executor
 from outboxq.workers.executor import Outcome
 from outboxq.workers.registry import Consumer, get_consumer
-from psycopg.rows import dict_row
-
-
-class JobFailed(AssertionError):
-    """The handler raised (or was fenced) where the test expected success."""
 
 
 class TestQueue:
@@ -26,7 +24,7 @@ class TestQueue:
     def __init__(self, url: str | None = None):
         from outboxq.workers.runner import Worker
 
-        self.url = url or database_url()
+        self.url = url_in_schema(url, get_settings().db_schema) if url else database_url()
         self._worker_cls = Worker
 
     def _worker(self, consumer: Consumer) -> Any:
