@@ -64,8 +64,9 @@ def test_enqueue_works_inside_a_sqlalchemy_session_and_connection(db_url, orders
         other = enqueue(connection, "emails", [1, 2, 3])
         connection.commit()
         assert get_job(connection, job.id).key == "cy-1"
-        assert get_job(connection, other.id).payload == [1, 2, 3]
     engine.dispose()
+    with psycopg.connect(db_url) as c:  # committed for everyone, not only visible on its own connection
+        assert get_job(c, other.id).payload == [1, 2, 3]
 
 
 def test_duplicate_key_is_a_clear_error_and_keeps_the_transaction_usable(conn):

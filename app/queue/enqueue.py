@@ -122,6 +122,10 @@ def psycopg_connection(conn: Any) -> psycopg.Connection:
     if isinstance(conn, Session):
         conn = conn.connection()  # begins the session's transaction if it has none
     if isinstance(conn, SAConnection):
+        if not conn.in_transaction():
+            # Begin as SQLAlchemy's own execute would: otherwise conn.commit() has no transaction to commit
+            # and the job, written on the driver connection underneath, is rolled back when it closes.
+            conn.begin()
         driver = conn.connection.driver_connection
         if isinstance(driver, psycopg.Connection):
             return driver
@@ -131,6 +135,7 @@ def psycopg_connection(conn: Any) -> psycopg.Connection:
         )
     raise InvalidInput(
         f"conn must be a psycopg Connection, a SQLAlchemy Connection or Session, not {type(conn).__name__}"
+        + (" (use enqueue_async() for async connections)" if "Async" in type(conn).__name__ else "")
     )
 
 
@@ -145,6 +150,8 @@ async def async_psycopg_connection(conn: Any) -> psycopg.AsyncConnection:
     if isinstance(conn, AsyncSession):
         conn = await conn.connection()  # begins the session's transaction if it has none
     if isinstance(conn, SAAsyncConnection):
+        if not conn.in_transaction():
+            await conn.begin()  # as in psycopg_connection: so that conn.commit() commits the job
         driver = (await conn.get_raw_connection()).driver_connection
         if isinstance(driver, psycopg.AsyncConnection):
             return driver
@@ -186,47 +193,55 @@ class Copy:
 Plan = Generator[Statement | Copy, Any, Any]
 
 
-def _run_plan(pg: psycopg.Connection, plan: Plan) -> Any:
-    """Run a plan on a psycopg connection, in its current transaction; returns the plan's result."""
+def _run_plan(conn: Any, plan: Plan) -> Any:
+    """Run a plan on the caller's connection (psycopg or SQLAlchemy), in its current transaction."""
+    try:
+        step = next(plan)  # the arguments are validated here, before the connection is touched
+    except StopIteration as done:
+        return done.value
+    pg = psycopg_connection(conn)
     schema = get_settings().db_schema
     with pg.cursor(row_factory=dict_row) as cur:
-        result: Any = None
         while True:
-            try:
-                step = plan.send(result)
-            except StopIteration as done:
-                return done.value
             if isinstance(step, Copy):
                 with cur.copy(sql.qualified(step.text, schema)) as copy:
                     for row in step.rows:
                         copy.write_row(row)
                 result = None
-                continue
-            cur.execute(sql.qualified(step.text, schema), step.params)
-            result = cur.fetchall() if step.rows == "all" else cur.fetchone() if step.rows == "one" else None
-
-
-async def _run_plan_async(pg: psycopg.AsyncConnection, plan: Plan) -> Any:
-    """Run a plan on a psycopg AsyncConnection, in its current transaction; returns the plan's result."""
-    schema = get_settings().db_schema
-    async with pg.cursor(row_factory=dict_row) as cur:
-        result: Any = None
-        while True:
+            else:
+                cur.execute(sql.qualified(step.text, schema), step.params)
+                result = cur.fetchall() if step.rows == "all" else cur.fetchone() if step.rows == "one" else None
             try:
                 step = plan.send(result)
             except StopIteration as done:
                 return done.value
+
+
+async def _run_plan_async(conn: Any, plan: Plan) -> Any:
+    """Run a plan on the caller's async connection (psycopg or SQLAlchemy), in its current transaction."""
+    try:
+        step = next(plan)  # the arguments are validated here, before the connection is touched
+    except StopIteration as done:
+        return done.value
+    pg = await async_psycopg_connection(conn)
+    schema = get_settings().db_schema
+    async with pg.cursor(row_factory=dict_row) as cur:
+        while True:
             if isinstance(step, Copy):
                 async with cur.copy(sql.qualified(step.text, schema)) as copy:
                     for row in step.rows:
                         await copy.write_row(row)
                 result = None
-                continue
-            await cur.execute(sql.qualified(step.text, schema), step.params)
-            if step.rows == "all":
-                result = await cur.fetchall()
             else:
-                result = await cur.fetchone() if step.rows == "one" else None
+                await cur.execute(sql.qualified(step.text, schema), step.params)
+                if step.rows == "all":
+                    result = await cur.fetchall()
+                else:
+                    result = await cur.fetchone() if step.rows == "one" else None
+            try:
+                step = plan.send(result)
+            except StopIteration as done:
+                return done.value
 
 
 def _resolve_dependencies(depends_on: Iterable[Sequence[str]]) -> Generator[Statement, Any, tuple[
@@ -366,7 +381,7 @@ def enqueue(
     """
     plan = _enqueue_plan(queue, payload, key=key, depends_on=depends_on, run_at=run_at, delay=delay,
                          priority=priority, max_attempts=max_attempts)
-    return _run_plan(psycopg_connection(conn), plan)
+    return _run_plan(conn, plan)
 
 
 async def enqueue_async(
@@ -385,7 +400,7 @@ async def enqueue_async(
     AsyncConnection; same options, validation and errors, and it never commits."""
     plan = _enqueue_plan(queue, payload, key=key, depends_on=depends_on, run_at=run_at, delay=delay,
                          priority=priority, max_attempts=max_attempts)
-    return await _run_plan_async(await async_psycopg_connection(conn), plan)
+    return await _run_plan_async(conn, plan)
 
 
 def enqueue_many(
@@ -405,7 +420,7 @@ def enqueue_many(
     """
     plan = _enqueue_many_plan(queue, payloads, keys=keys, run_at=run_at, delay=delay, priority=priority,
                               max_attempts=max_attempts)
-    return _run_plan(psycopg_connection(conn), plan)
+    return _run_plan(conn, plan)
 
 
 async def enqueue_many_async(
@@ -422,7 +437,7 @@ async def enqueue_many_async(
     """enqueue_many() for async code (psycopg AsyncConnection, SQLAlchemy AsyncSession / AsyncConnection)."""
     plan = _enqueue_many_plan(queue, payloads, keys=keys, run_at=run_at, delay=delay, priority=priority,
                               max_attempts=max_attempts)
-    return await _run_plan_async(await async_psycopg_connection(conn), plan)
+    return await _run_plan_async(conn, plan)
 
 
 def _written_job(row: dict[str, Any], queue: str, payload: Any, *, priority: int, max_attempts: int | None,
@@ -486,9 +501,9 @@ def _get_job_plan(job_id: int) -> Plan:
 
 def get_job(conn: Any, job_id: int) -> Job | None:
     """The job with this id (from any of the accepted connection types), or None."""
-    return _run_plan(psycopg_connection(conn), _get_job_plan(job_id))
+    return _run_plan(conn, _get_job_plan(job_id))
 
 
 async def get_job_async(conn: Any, job_id: int) -> Job | None:
     """get_job() for async code (psycopg AsyncConnection, SQLAlchemy AsyncSession / AsyncConnection)."""
-    return await _run_plan_async(await async_psycopg_connection(conn), _get_job_plan(job_id))
+    return await _run_plan_async(conn, _get_job_plan(job_id))
