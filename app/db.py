@@ -39,7 +39,7 @@ def url_in_schema(url: str, schema: str) -> str:
     """
     if schema == "public":
         return url
-    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+    from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
     parts = urlsplit(url)
     query = dict(parse_qsl(parts.query))
@@ -47,7 +47,7 @@ def url_in_schema(url: str, schema: str) -> str:
     if option in query.get("options", ""):
         return url
     query["options"] = f"{query['options']} {option}".strip() if query.get("options") else option
-    return urlunsplit(parts._replace(query=urlencode(query)))
+    return urlunsplit(parts._replace(query=urlencode(query, quote_via=quote)))  # libpq reads %20, not +
 
 
 def normalize_url(url: str) -> str:
