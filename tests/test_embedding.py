@@ -49,15 +49,15 @@ def test_import_works_beside_the_users_own_app_workers_and_migrations(wheel, tmp
     for package in ("app", "workers", "migrations"):
         (project / package).mkdir(parents=True)
         (project / package / "__init__.py").write_text(f"OWNER = 'user:{package}'\n")
-    check = textwrap.dedent("""
+    check = f"INSTALLED = {str(installed)!r}\n" + textwrap.dedent("""
         import app, workers, migrations
         import outboxq
         from outboxq import enqueue, consumer, JobContext, Worker
         from outboxq.api import create_app
         assert (app.OWNER, workers.OWNER, migrations.OWNER) == ("user:app", "user:workers", "user:migrations")
-        assert outboxq.__file__.startswith(%r), outboxq.__file__
+        assert outboxq.__file__.startswith(INSTALLED), outboxq.__file__
         print("ok")
-    """ % str(installed))
+    """)
     env = {**os.environ, "PYTHONPATH": str(installed)}
     done = subprocess.run([sys.executable, "-c", check], cwd=project, env=env, capture_output=True, text=True,
                           timeout=120)
