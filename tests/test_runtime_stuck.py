@@ -52,7 +52,7 @@ def test_stuck_handler_stack_is_logged_at_error_with_the_handlers_own_frames(db_
     records = _stuck_records(caplog)
     message = records[0].getMessage()
     assert "slow_report_generator_waits_on_downstream" in message  # the handler's frame, not the worker's
-    assert "_keeper_loop" not in message and "_dispatcher_loop" not in message
+    assert "_heartbeat_loop" not in message and "_dispatcher_loop" not in message
     assert records[0].job_id == job.id and records[0].queue == "reports"
     assert "max_execute_s=0.4" in message
     assert status_of(db_url, job.id) == "done"  # logged, never killed

@@ -336,7 +336,7 @@ class DrainProfiler:
                         self.backend_cpu_start[pid] = proc_cpu_s(pid)
                     kind = statement_kind(text or "")
                     roles = {"claim": "dispatcher", "complete": "completer", "listen": "listener",
-                             "heartbeat": "keeper", "rescue": "keeper"}
+                             "heartbeat": "heartbeat", "rescue": "maintenance"}
                     if kind in roles and pid not in self.roles:
                         self.roles[pid] = roles[kind]
                     role = self.roles.get(pid, f"backend {pid}")

@@ -48,7 +48,7 @@ class JobContext:
         self.consumer_id = consumer_id
         self.captured_context = captured_context or {}
         self._connection_factory = connection_factory
-        # A plain flag, not an Event: set by the worker's keeper thread, read by the handler; nothing waits
+        # A plain flag, not an Event: set by the worker's heartbeat thread, read by the handler; nothing waits
         # on it, and a job context is made for every job on the hot path.
         self._cancelled = False
         self.fenced = False

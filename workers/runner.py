@@ -4,8 +4,10 @@ Threads, each with its own connection:
 - the dispatcher claims batches per queue while there is room, and sleeps until notified or a poll is due;
 - `concurrency` handler threads run the handlers (async handlers run on one shared event loop);
 - the completer writes outcomes in batches: one statement completes every finished job at once;
-- the keeper renews leases (heartbeats), logs stuck handlers' stacks, and runs the maintenance services
-  (rescue, promote, prune);
+- the heartbeat renews leases and logs stuck handlers' stacks, and does nothing else: no other work can hold a
+  lease renewal back;
+- the maintenance thread runs rescue, promote and prune while this worker leads maintenance (one worker at a
+  time, chosen by an advisory lock: workers/maintenance/leader.py);
 - the listener LISTENs for new-work notifications.
 """
 
@@ -33,12 +35,11 @@ from outboxq.workers import executor
 from outboxq.workers.context import JobContext
 from outboxq.workers.executor import AsyncLoop, ClaimedJob, Outcome
 from outboxq.workers.listener import Listener
-from outboxq.workers.maintenance import promote, prune, rescue
+from outboxq.workers.maintenance.leader import Maintenance
 from outboxq.workers.registry import Consumer, all_consumers
 
 log = logging.getLogger("outboxq.worker")
 
-PRUNE_INTERVAL_S = 60.0
 RECONNECT_DELAY_S = 0.5
 
 
@@ -89,6 +90,7 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._async_loop: AsyncLoop | None = None
         self._listener: Listener | None = None
+        self.maintenance: Maintenance | None = None
         self.stats = {"claimed": 0, "completed": 0, "failed": 0, "fenced": 0, "cancelled": 0}
 
     # ------------------------------------------------------------------ lifecycle
@@ -105,7 +107,10 @@ class Worker:
         for i in range(self.concurrency):
             self._spawn(self._handler_loop, f"outboxq-handler-{i}")
         self._spawn(self._completer_loop, "outboxq-completer")
-        self._spawn(self._keeper_loop, "outboxq-keeper")
+        self._spawn(self._heartbeat_loop, "outboxq-heartbeat")
+        if self.run_maintenance:
+            self.maintenance = Maintenance(self.url, self.settings, poll_interval=self.poll_interval,
+                                           worker_id=self.worker_id).start()
         if self.listen:
             self._listener = Listener(self.url, self._on_notify)
             self._listener.start()
@@ -144,6 +149,8 @@ class Worker:
                 t.join(timeout=max(1.0, deadline - time.monotonic()))
         if self._listener:
             self._listener.stop()
+        if self.maintenance:
+            self.maintenance.stop()
         if self._async_loop:
             self._async_loop.close()
         log.info("worker %s stopped: %s", self.worker_id, self.stats)
@@ -426,15 +433,14 @@ class Worker:
         (outcome.job.ctx.log if outcome.job.ctx is not None else log).warning("job %s: %s refused, this worker was fenced (its lease %s was taken away)",
                     outcome.job.id, what, outcome.job.lease_token)
 
-    # ------------------------------------------------------------------ keeper: heartbeats, stuck, maintenance
+    # ------------------------------------------------------------------ heartbeat: leases and stuck handlers
 
-    def _keeper_loop(self) -> None:
+    def _heartbeat_loop(self) -> None:
         conn: psycopg.Connection | None = None
         min_lease = min(c.effective_lease_s(self.settings) for c in self.consumers.values())
         heartbeat_every = max(0.05, min_lease / 3)
-        tick = max(0.05, min(0.5, self.poll_interval, heartbeat_every))
-        last_heartbeat = last_maintenance = 0.0
-        last_prune = time.monotonic()
+        tick = max(0.05, min(0.5, heartbeat_every))
+        last_heartbeat = 0.0
         while not self._finished.is_set():
             now = time.monotonic()
             try:
@@ -444,16 +450,8 @@ class Worker:
                     self._heartbeat(conn)
                     last_heartbeat = now
                 self._check_stuck(now)
-                if self.run_maintenance and not self._stopping.is_set():
-                    if now - last_maintenance >= self.poll_interval:
-                        rescue.run_once(conn)
-                        promote.run_once(conn)
-                        last_maintenance = now
-                    if now - last_prune >= PRUNE_INTERVAL_S:
-                        prune.run_once(conn)
-                        last_prune = now
             except psycopg.Error as exc:
-                log.warning("keeper: database error (%s); reconnecting", exc)
+                log.warning("heartbeat: database error (%s); reconnecting", exc)
                 if conn is not None:
                     conn.close()
                 conn = None

@@ -11,11 +11,13 @@ from outboxq.settings import get_settings
 BATCH_LIMIT = 5000
 
 
-def run_once(conn: Any, *, now: datetime | None = None, limit: int = BATCH_LIMIT) -> int:
+def run_once(conn: Any, *, now: datetime | None = None, limit: int = BATCH_LIMIT,
+             max_batches: int | None = None) -> int:
     """Delete done and cancelled jobs older than retention_done_s, dead ones older than retention_dead_s,
     and Idempotency-Keys older than idempotency_ttl_s.
 
-    Deletes in batches of `limit`, each committed, until nothing is left; returns how many.
+    Deletes in batches of `limit`, each committed, until nothing is left or `max_batches` were deleted (the
+    maintenance leader deletes one batch per tick); returns how many.
     """
     settings = get_settings()
     now = now or datetime.now(UTC)
@@ -28,12 +30,13 @@ def run_once(conn: Any, *, now: datetime | None = None, limit: int = BATCH_LIMIT
         cur.execute(sql.idempotency_key_prune,
                     {"before": now - timedelta(seconds=settings.idempotency_ttl_s)})
     conn.commit()
-    total = 0
+    total = batches = 0
     while True:
         with conn.cursor() as cur:
             cur.execute(sql.job_prune_finished, params)
             deleted = cur.rowcount
         conn.commit()
         total += deleted
-        if deleted < limit:
+        batches += 1
+        if deleted < limit or (max_batches is not None and batches >= max_batches):
             return total
