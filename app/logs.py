@@ -42,9 +42,13 @@ class ReadableFormatter(logging.Formatter):
 
 
 def configure_logging(level: str | int = "INFO", *, json_output: bool | None = None) -> None:
-    """Install the outboxq formatter on the root logger (JSON unless stderr is a terminal)."""
+    """Install the outboxq formatter on the root logger: OUTBOXQ_LOG_FORMAT, or by default readable lines on
+    a terminal and JSON lines otherwise."""
     if json_output is None:
-        json_output = not sys.stderr.isatty()
+        from outboxq.settings import get_settings
+
+        log_format = get_settings().log_format
+        json_output = log_format == "json" or (log_format == "auto" and not sys.stderr.isatty())
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if json_output else ReadableFormatter())
     root = logging.getLogger()

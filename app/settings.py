@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Literal
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -46,6 +47,9 @@ class Settings(BaseSettings):
     idempotency_ttl_s: float = 24 * 3600.0
     healthy_allowed_error_time_s: float = 15 * 60.0
     health_startup_grace_s: float = 60.0
+
+    # Log lines: "auto" is readable on a terminal and JSON otherwise; "json" or "text" always (OUTBOXQ_LOG_FORMAT).
+    log_format: Literal["auto", "json", "text"] = "auto"
 
     # Context variables captured at enqueue ("module:name" of a contextvars.ContextVar).
     context_vars: list[str] = Field(default_factory=list)
