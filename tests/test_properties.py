@@ -8,14 +8,15 @@ import psycopg
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
+from psycopg.rows import dict_row
+
 from outboxq.errors import InvalidTransition
-from outboxq.queue import admin, enqueue_many
+from outboxq.queue import admin, enqueue_many, sql
 from outboxq.queue.jobs import ALLOWED_TRANSITIONS, JobStatus
 from outboxq.workers.executor import ClaimedJob, Outcome
 from outboxq.workers.maintenance import rescue
 from outboxq.workers.registry import Consumer
 from outboxq.workers.runner import Worker
-from psycopg.rows import dict_row
 
 QUEUE = "prop"
 MAX_ATTEMPTS = 3
@@ -60,6 +61,15 @@ def make_machine(url: str):
             job = self.held[worker].pop(job_id)
             outcome = Outcome(job=job, succeeded=succeed, error=None if succeed else "fail")
             self.workers[worker].write_outcomes(self.conn, [outcome])
+
+        @rule(worker=st.integers(0, 1), data=st.data())
+        def hand_back_unstarted(self, worker, data):
+            """A stopping worker releases a claimed job it never started (sql.job_release_unstarted)."""
+            if not self.held[worker]:
+                return
+            job = self.held[worker].pop(data.draw(st.sampled_from(sorted(self.held[worker]))))
+            self.conn.execute(sql.job_release_unstarted, {"ids": [job.id], "lease_tokens": [job.lease_token]})
+            self.conn.commit()
 
         @rule(data=st.data())
         def expire_and_rescue(self, data):

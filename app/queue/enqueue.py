@@ -50,11 +50,6 @@ def register_payload_hooks(queue: str, hooks: PayloadHooks) -> None:
     _payload_hooks[queue] = hooks
 
 
-def unregister_payload_hooks(queue: str) -> None:
-    """Forget the hooks of `queue` (tests re-register consumers)."""
-    _payload_hooks.pop(queue, None)
-
-
 def validate_queue_name(queue: Any) -> str:
     """The queue name, or InvalidInput saying what a valid one looks like."""
     if not isinstance(queue, str) or not QUEUE_NAME_PATTERN.fullmatch(queue):

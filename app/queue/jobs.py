@@ -20,15 +20,13 @@ class JobStatus(enum.StrEnum):
     CANCELLED = "cancelled"
 
 
-FINISHED_STATUSES = frozenset({JobStatus.DONE, JobStatus.DEAD, JobStatus.CANCELLED})
-
 # Every status change the system makes, and what makes it. Tests check the runtime against this table.
 ALLOWED_TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
     JobStatus.WAITING: frozenset({JobStatus.QUEUED, JobStatus.CANCELLED}),  # dependencies done / cancel
     JobStatus.QUEUED: frozenset({JobStatus.RUNNING, JobStatus.CANCELLED}),  # claim / cancel
     JobStatus.RUNNING: frozenset(
-        {JobStatus.DONE, JobStatus.RETRYING, JobStatus.DEAD, JobStatus.CANCELLED}
-    ),  # complete / fail or rescue / cancel honoured by the handler
+        {JobStatus.DONE, JobStatus.RETRYING, JobStatus.DEAD, JobStatus.CANCELLED, JobStatus.QUEUED}
+    ),  # complete / fail or rescue / cancel honoured by the handler / a stopping worker hands back unstarted
     JobStatus.RETRYING: frozenset({JobStatus.RUNNING, JobStatus.QUEUED, JobStatus.CANCELLED}),
     JobStatus.DONE: frozenset({JobStatus.QUEUED}),  # admin re-run (testing helpers)
     JobStatus.DEAD: frozenset({JobStatus.QUEUED}),  # admin retry
