@@ -1,0 +1,83 @@
+"""The plan guard: beside a large history of finished jobs, the hot statements use the indexes meant for
+them and never scan the jobs table (a regression here costs throughput long before a test would time out)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime
+
+import pytest
+
+from outboxq.queue import sql
+
+HISTORY = 200_000
+
+
+@pytest.fixture
+def history(conn):
+    """200,000 finished jobs, 200 ready ones and 50 running ones with leases, then ANALYZE."""
+    conn.execute("""
+        INSERT INTO outboxq_jobs (queue, status, payload, finished_at)
+        SELECT 'emails', (ARRAY['done', 'dead', 'cancelled'])[1 + i %% 3], '{}'::jsonb, now() - interval '1 day'
+        FROM generate_series(1, %s) AS i
+    """, (HISTORY,))
+    conn.execute("""INSERT INTO outboxq_jobs (queue, status, payload)
+                    SELECT 'emails', 'queued', '{}'::jsonb FROM generate_series(1, 200)""")
+    conn.execute("""INSERT INTO outboxq_jobs (queue, status, payload, lease_token, lease_expires_at, attempts)
+                    SELECT 'emails', 'running', '{}'::jsonb, gen_random_uuid(), now() + interval '1 min', 1
+                    FROM generate_series(1, 50)""")
+    conn.commit()
+    conn.autocommit = True
+    conn.execute("ANALYZE outboxq_jobs")
+    conn.autocommit = False
+    return conn
+
+
+def plan_of(conn, statement: str, params: dict) -> dict:
+    """EXPLAIN (FORMAT JSON) of a statement: the plan only, nothing is executed."""
+    rows = conn.execute("EXPLAIN (FORMAT JSON) " + statement, params).fetchall()
+    conn.rollback()
+    return rows[0]["QUERY PLAN"][0]["Plan"]
+
+
+def nodes(plan: dict):
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from nodes(child)
+
+
+def scans_of_jobs(plan: dict) -> list[tuple[str, str | None]]:
+    return [(n["Node Type"], n.get("Index Name")) for n in nodes(plan) if n.get("Relation Name") == "outboxq_jobs"]
+
+
+def assert_no_seq_scan(plan: dict) -> None:
+    seq = [n for n in nodes(plan) if n["Node Type"] == "Seq Scan" and n.get("Relation Name") == "outboxq_jobs"]
+    assert not seq, json.dumps(plan, indent=1)[:3000]
+
+
+def test_the_claim_reads_the_claim_index(history):
+    plan = plan_of(history, sql.job_claim_batch, {
+        "queue": "emails", "limit": 500, "lease_token": uuid.uuid4(), "lease_s": 60.0, "worker_id": "w",
+        "default_max_attempts": 25,
+    })
+    assert_no_seq_scan(plan)
+    assert ("Index Scan", "outboxq_jobs_claim_idx") in scans_of_jobs(plan) or \
+        ("Index Only Scan", "outboxq_jobs_claim_idx") in scans_of_jobs(plan), scans_of_jobs(plan)
+
+
+def test_completion_and_heartbeat_find_jobs_by_primary_key(history):
+    running = history.execute("SELECT id, lease_token FROM outboxq_jobs WHERE status = 'running'").fetchall()
+    params = {"ids": [r["id"] for r in running], "lease_tokens": [r["lease_token"] for r in running]}
+    for statement, extra in ((sql.job_complete_batch, {}), (sql.job_heartbeat, {"lease_s": 60.0})):
+        plan = plan_of(history, statement, {**params, **extra})
+        assert_no_seq_scan(plan)
+        assert any(index == "outboxq_jobs_pkey" for _, index in scans_of_jobs(plan)), scans_of_jobs(plan)
+
+
+def test_rescue_reads_the_lease_index(history):
+    plan = plan_of(history, sql.job_rescue_expired, {
+        "now": datetime.now(UTC), "limit": 1000, "backoff_base": 5.0, "backoff_max": 3600.0,
+    })
+    assert_no_seq_scan(plan)
+    assert any(index == "outboxq_jobs_lease_idx" for _, index in scans_of_jobs(plan)), scans_of_jobs(plan)
