@@ -6,11 +6,11 @@ import logging
 import re
 
 import pytest
+
 from outboxq.api import create_app
 from outboxq.api.auth import authenticate, parse_tokens
 from outboxq.api.server import ensure_token
 from outboxq.settings import Settings
-
 from tests.api_support import TOKENS, api_client, api_settings, auth
 
 SCOPE_HOLDERS = {"admin": {"admin"}, "read": {"read", "enqueue+read", "admin"},

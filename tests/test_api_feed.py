@@ -8,8 +8,8 @@ import time
 
 import psycopg
 import pytest
-from outboxq.queue.enqueue import enqueue
 
+from outboxq.queue.enqueue import enqueue
 from tests.api_support import api_client
 
 

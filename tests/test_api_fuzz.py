@@ -13,8 +13,8 @@ from urllib.parse import quote
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from outboxq.api import create_app
 
+from outboxq.api import create_app
 from tests.api_support import api_client, api_settings
 
 json_values = st.recursive(

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from outboxq.client import Client, Conflict, Forbidden
 
+from outboxq.client import Client, Conflict, Forbidden
 from tests.api_support import job_count
 
 ROOT = Path(__file__).resolve().parents[1]

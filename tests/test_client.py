@@ -7,8 +7,8 @@ import asyncio
 import httpx
 import psycopg
 import pytest
-from outboxq.client import AsyncClient, Client, Conflict, InvalidRequest, NotFound, Unauthorized
 
+from outboxq.client import AsyncClient, Client, Conflict, InvalidRequest, NotFound, Unauthorized
 from tests.api_support import TOKENS, api_client, job_count
 
 

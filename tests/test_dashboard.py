@@ -16,11 +16,12 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
+from playwright.sync_api import sync_playwright
+
 from outboxq.queue import enqueue, get_job
 from outboxq.queue.jobs import JobStatus
 from outboxq.workers.registry import Consumer
 from outboxq.workers.runner import Worker
-from playwright.sync_api import sync_playwright
 
 ROOT = Path(__file__).resolve().parents[1]
 SHOTS = ROOT / "artifacts" / "screenshots"
