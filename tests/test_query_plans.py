@@ -76,8 +76,6 @@ def test_completion_and_heartbeat_find_jobs_by_primary_key(history):
 
 
 def test_rescue_reads_the_lease_index(history):
-    plan = plan_of(history, sql.job_rescue_expired, {
-        "now": datetime.now(UTC), "limit": 1000, "backoff_base": 5.0, "backoff_max": 3600.0,
-    })
+    plan = plan_of(history, sql.job_rescue_lock_expired, {"now": datetime.now(UTC), "limit": 1000})
     assert_no_seq_scan(plan)
     assert any(index == "outboxq_jobs_lease_idx" for _, index in scans_of_jobs(plan)), scans_of_jobs(plan)

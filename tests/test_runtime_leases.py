@@ -21,7 +21,7 @@ from outboxq.queue.jobs import JobStatus
 from outboxq.settings import get_settings
 from outboxq.workers.executor import execute
 from outboxq.workers.maintenance import rescue
-from outboxq.workers.registry import Consumer
+from outboxq.workers.registry import Consumer, consumer, get_consumer
 from outboxq.workers.runner import Worker
 from tests.handlers_runtime import EFFECTS_DDL, RUNS_DDL, status_of, wait_for
 
@@ -166,6 +166,32 @@ def test_rescue_with_injected_clock_retries_then_marks_dead_when_attempts_are_ex
         dead = get_job(conn, job.id)
     assert dead.status is JobStatus.DEAD and dead.finished_at is not None
     assert "lease expired" in dead.last_error
+
+
+@consumer("rescue-slow", backoff_base=100.0, backoff_max=1000.0, jitter=0.0)
+def rescue_slow(payload) -> None:
+    """A registered consumer with its own backoff: rescue must follow it."""
+
+
+def test_rescue_follows_each_consumers_own_retry_policy(db_url):
+    slow = get_consumer("rescue-slow")
+    unknown = Consumer("rescue-unregistered", lambda p, c: None)  # not registered in this process
+    worker = Worker([slow, unknown], url=db_url, listen=False, run_maintenance=False)
+    with psycopg.connect(db_url, row_factory=dict_row) as conn:
+        slow_job = enqueue(conn, "rescue-slow", {})
+        other_job = enqueue(conn, "rescue-unregistered", {})
+        conn.commit()
+        worker.claim(conn, slow, 1)
+        worker.claim(conn, unknown, 1)
+        rescued_at = datetime.now(UTC) + timedelta(seconds=61)
+        rows = rescue.run_once(conn, now=rescued_at)
+        assert {r["id"]: r["status"] for r in rows} == {slow_job.id: "retrying", other_job.id: "retrying"}
+        run_at = {r["id"]: r["run_at"] for r in conn.execute(
+            "SELECT id, run_at FROM outboxq_jobs WHERE id = ANY(%s)", ([slow_job.id, other_job.id],))}
+    assert run_at[slow_job.id] - rescued_at == timedelta(seconds=100)  # the consumer's own backoff_base
+    default = get_settings()  # no consumer registered: the settings' default policy, with its jitter
+    delay = (run_at[other_job.id] - rescued_at).total_seconds()
+    assert default.backoff_base * (1 - default.backoff_jitter) <= delay <= default.backoff_base * (1 + default.backoff_jitter)
 
 
 def _zombie_and_successor(db_url, handler, queue="zombie"):

@@ -254,29 +254,29 @@ FOR UPDATE
 # ---------------------------------------------------------------- maintenance
 
 # Jobs whose lease expired (their worker died, froze, or lost the database): retry with backoff, or dead.
-job_rescue_expired = """
-WITH expired AS (
-    SELECT id FROM outboxq_jobs
-    WHERE status = 'running' AND lease_expires_at < %(now)s
-    ORDER BY lease_expires_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+# Rescue, in one transaction: lock a bounded set of jobs whose lease expired, then apply what each job's
+# retry policy decided in Python (the same RetryPolicy that failed attempts use; workers/maintenance/rescue.py).
+job_rescue_lock_expired = """
+SELECT id, queue, attempts, max_attempts, cancel_requested, worker_id FROM outboxq_jobs
+WHERE status = 'running' AND lease_expires_at < %(now)s
+ORDER BY lease_expires_at
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+"""
+
+job_rescue_apply = """
+WITH decided AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(statuses)s::text[], %(delays)s::float8[], %(errors)s::text[])
+           AS d(id, status, delay, error)
 ),
 rescued AS (
     UPDATE outboxq_jobs j
-    SET status = CASE
-            WHEN j.cancel_requested THEN 'cancelled'
-            WHEN j.max_attempts <> 0 AND j.attempts >= j.max_attempts THEN 'dead'
-            ELSE 'retrying' END,
-        run_at = %(now)s + least(%(backoff_max)s::float8,
-                                 %(backoff_base)s::float8 * power(2, greatest(j.attempts - 1, 0)))
-                           * interval '1 second',
-        finished_at = CASE WHEN j.cancel_requested OR (j.max_attempts <> 0 AND j.attempts >= j.max_attempts)
-                           THEN %(now)s END,
-        last_error = 'lease expired: worker ' || coalesce(j.worker_id, '?') || ' stopped renewing it',
-        last_traceback = NULL,
+    SET status = d.status,
+        run_at = CASE WHEN d.status = 'retrying' THEN %(now)s + d.delay * interval '1 second' ELSE j.run_at END,
+        finished_at = CASE WHEN d.status IN ('dead', 'cancelled') THEN %(now)s END,
+        last_error = d.error, last_traceback = NULL,
         lease_token = NULL, lease_expires_at = NULL
-    FROM expired WHERE j.id = expired.id
+    FROM decided d WHERE j.id = d.id AND j.status = 'running'
     RETURNING j.id, j.queue, j.status, j.attempts, j.last_error
 ),
 history AS (
