@@ -46,6 +46,12 @@ class UnknownDependency(OutboxqError):
         )
 
 
+class InvalidMarker(InvalidInput):
+    """A marker that this server did not hand out for this queue (malformed, tampered with, or forged)."""
+
+    code = "invalid_marker"
+
+
 class InvalidPayload(OutboxqError, ValueError):
     """The consumer's valid_payload check (or the codec) rejected the payload."""
 

@@ -25,30 +25,12 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
-from outboxq.errors import InvalidInput
+from outboxq.errors import InvalidInput, InvalidMarker
 from outboxq.queue import sql
 from outboxq.queue.enqueue import psycopg_connection, validate_queue_name
 from outboxq.queue.jobs import Job, JobStatus
 
-# Jobs of one queue after a position, below the reader's snapshot xmin, in (created_xid, id) order.
-feed_page = f"""
-SELECT {sql.JOB_COLUMNS}, created_xid
-FROM outboxq_jobs
-WHERE queue = %(queue)s
-  AND created_xid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
-  AND (created_xid, id) > (%(after_xid)s::bigint, %(after_id)s::bigint)
-  AND (%(status)s::text IS NULL OR status = %(status)s::text)
-ORDER BY created_xid, id
-LIMIT %(limit)s
-"""
-
 MARKER_VERSION = "1"
-
-
-class InvalidMarker(InvalidInput):
-    """A marker that this server did not hand out for this queue (malformed, tampered with, or forged)."""
-
-    code = "invalid_marker"
 
 
 _MAC_BYTES = 16
@@ -139,7 +121,7 @@ def list_page(
     after_xid, after_id = decode_marker(secret, queue, marker) if marker else (-1, -1)
     with psycopg_connection(conn).cursor(row_factory=dict_row) as cur:
         cur.execute(
-            feed_page,
+            sql.job_feed_page,
             {"queue": queue, "after_xid": after_xid, "after_id": after_id, "status": status, "limit": limit},
         )
         rows = cur.fetchall()

@@ -16,18 +16,8 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from outboxq.errors import IdempotencyKeyReused, InvalidInput
+from outboxq.queue import sql
 from outboxq.queue.enqueue import psycopg_connection
-
-# Statements on outboxq_idempotency_keys (kept here: no job statement lives in this module).
-idempotency_lock = "SELECT pg_advisory_xact_lock(hashtextextended(%(scope)s || E'\\n' || %(key)s, 7001))"
-idempotency_get = """
-SELECT request_hash, response_status, response_body
-FROM outboxq_idempotency_keys WHERE scope = %(scope)s AND key = %(key)s
-"""
-idempotency_insert = """
-INSERT INTO outboxq_idempotency_keys (scope, key, request_hash, response_status, response_body)
-VALUES (%(scope)s, %(key)s, %(request_hash)s, %(response_status)s, %(response_body)s)
-"""
 
 MAX_KEY_LENGTH = 255
 
@@ -62,8 +52,8 @@ def begin(conn: Any, scope: str, key: str, body_hash: str) -> StoredResponse | N
     """
     validate_idempotency_key(key)
     with psycopg_connection(conn).cursor(row_factory=dict_row) as cur:
-        cur.execute(idempotency_lock, {"scope": scope, "key": key})
-        cur.execute(idempotency_get, {"scope": scope, "key": key})
+        cur.execute(sql.idempotency_lock, {"scope": scope, "key": key})
+        cur.execute(sql.idempotency_get, {"scope": scope, "key": key})
         row = cur.fetchone()
     if row is None:
         return None
@@ -79,7 +69,7 @@ def record(conn: Any, scope: str, key: str, body_hash: str, status: int, body: A
     """Store the response of the first request with this key, in the caller's transaction."""
     with psycopg_connection(conn).cursor() as cur:
         cur.execute(
-            idempotency_insert,
+            sql.idempotency_insert,
             {"scope": scope, "key": key, "request_hash": body_hash, "response_status": status,
              "response_body": Jsonb(body)},
         )

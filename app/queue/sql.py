@@ -339,6 +339,32 @@ WHERE id IN (
 )
 """
 
+# ---------------------------------------------------------------- listing (commit-safe markers, app/queue/feed.py)
+
+# Jobs of one queue after a position, below the reader's snapshot xmin, in (created_xid, id) order.
+job_feed_page = f"""
+SELECT {JOB_COLUMNS}, created_xid
+FROM outboxq_jobs
+WHERE queue = %(queue)s
+  AND created_xid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
+  AND (created_xid, id) > (%(after_xid)s::bigint, %(after_id)s::bigint)
+  AND (%(status)s::text IS NULL OR status = %(status)s::text)
+ORDER BY created_xid, id
+LIMIT %(limit)s
+"""
+
+# ---------------------------------------------------------------- Idempotency-Keys (app/queue/idempotency.py)
+
+idempotency_lock = "SELECT pg_advisory_xact_lock(hashtextextended(%(scope)s || E'\\n' || %(key)s, 7001))"
+idempotency_get = """
+SELECT request_hash, response_status, response_body
+FROM outboxq_idempotency_keys WHERE scope = %(scope)s AND key = %(key)s
+"""
+idempotency_insert = """
+INSERT INTO outboxq_idempotency_keys (scope, key, request_hash, response_status, response_body)
+VALUES (%(scope)s, %(key)s, %(request_hash)s, %(response_status)s, %(response_body)s)
+"""
+
 idempotency_key_prune = """
 DELETE FROM outboxq_idempotency_keys WHERE created_at < %(before)s
 """
