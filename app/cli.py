@@ -88,7 +88,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         wanted = set(args.queues.split(","))
         consumers = [c for c in consumers if c.queue in wanted]
     worker = Worker(consumers, url=url, concurrency=args.concurrency, batch_size=args.batch_size,
-                    poll_interval=args.poll_interval)
+                    poll_interval=args.poll_interval, metrics_port=args.metrics_port)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: worker.request_stop())
     worker.run()
@@ -207,6 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int)
     p.add_argument("--batch-size", type=int)
     p.add_argument("--poll-interval", type=float)
+    p.add_argument("--metrics-port", type=int,
+                   help="serve this worker's Prometheus metrics on 127.0.0.1:PORT/metrics")
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("demo", help="run the demo on the embedded (or configured) PostgreSQL")

@@ -36,6 +36,7 @@ from outboxq.workers.context import JobContext
 from outboxq.workers.executor import AsyncLoop, ClaimedJob, Outcome
 from outboxq.workers.listener import Listener
 from outboxq.workers.maintenance.leader import Maintenance
+from outboxq.workers.metrics import WorkerMetrics
 from outboxq.workers.registry import Consumer, all_consumers
 
 log = logging.getLogger("outboxq.worker")
@@ -58,6 +59,7 @@ class Worker:
         worker_id: str | None = None,
         run_maintenance: bool = True,
         listen: bool = True,
+        metrics_port: int | None = None,
     ):
         self.settings = settings or get_settings()
         # An explicit url still follows OUTBOXQ_SCHEMA: the worker's connections find outboxq's tables there.
@@ -91,6 +93,9 @@ class Worker:
         self._async_loop: AsyncLoop | None = None
         self._listener: Listener | None = None
         self.maintenance: Maintenance | None = None
+        self.metrics = WorkerMetrics()
+        self.metrics.track_in_flight(lambda: self.in_flight)
+        self.metrics_port = metrics_port
         self.stats = {"claimed": 0, "completed": 0, "failed": 0, "fenced": 0, "cancelled": 0}
 
     # ------------------------------------------------------------------ lifecycle
@@ -108,6 +113,8 @@ class Worker:
             self._spawn(self._handler_loop, f"outboxq-handler-{i}")
         self._spawn(self._completer_loop, "outboxq-completer")
         self._spawn(self._heartbeat_loop, "outboxq-heartbeat")
+        if self.metrics_port is not None:
+            self.metrics.serve(self.metrics_port)
         if self.run_maintenance:
             self.maintenance = Maintenance(self.url, self.settings, poll_interval=self.poll_interval,
                                            worker_id=self.worker_id).start()
@@ -300,8 +307,10 @@ class Worker:
                 with self._lock:
                     self._unstarted.append(job)
                 continue
+            self.metrics.job_started(job)
             outcome = executor.execute(job, self._async_loop)
             job.finished = True  # no more heartbeats or stack dumps for it
+            self.metrics.job_finished(outcome)
             self._outcomes.put(outcome)
 
     def _release_unstarted(self) -> None:
