@@ -13,6 +13,7 @@ import pytest
 
 from outboxq.workers import JobContext, consumer
 from outboxq.workers import registry as registry_module
+from tests.support import status_of, wait_for  # noqa: F401 - tests written against this module import them here
 
 # app.queue re-exports the enqueue function under the submodule's name.
 enqueue_module = importlib.import_module("outboxq.queue.enqueue")
@@ -58,23 +59,6 @@ def hang_on_first_attempt(payload: dict, ctx: JobContext) -> None:
     if ctx.attempt == 1:
         time.sleep(120)
     log_run(ctx, "finished")
-
-
-def wait_for(predicate, timeout: float = 30.0, interval: float = 0.02):
-    """Poll `predicate` until it returns something truthy (returned), or fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout} s")
-
-
-def status_of(url: str, job_id: int) -> str:
-    """The job's status, read on a fresh connection."""
-    with psycopg.connect(url) as c:
-        return c.execute("SELECT status FROM outboxq_jobs WHERE id = %s", (job_id,)).fetchone()[0]
 
 
 @pytest.fixture(autouse=True)

@@ -22,6 +22,7 @@ from outboxq.queue import enqueue, get_job
 from outboxq.queue.jobs import JobStatus
 from outboxq.workers.registry import Consumer
 from outboxq.workers.runner import Worker
+from tests.support import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 SHOTS = ROOT / "artifacts" / "screenshots"
@@ -38,13 +39,6 @@ def flaky_handler(payload, ctx):
         raise ConnectionError("downstream is down (dashboard test)")
 
 
-def wait_for(predicate, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError("condition not met in time")
 
 
 @pytest.fixture

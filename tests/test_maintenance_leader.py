@@ -12,7 +12,7 @@ import pytest
 from outboxq import Worker, consumer, enqueue
 from outboxq.workers.maintenance.leader import leader_of
 from outboxq.workers.registry import get_consumer
-from tests.handlers_runtime import status_of, wait_for
+from tests.support import status_of, wait_for
 
 HELD = threading.Event()
 RUNS: list[int] = []

@@ -9,12 +9,13 @@ import time
 import psycopg
 from psycopg.rows import dict_row
 
+import tests.handlers_runtime  # noqa: F401 - registers its consumers
 from outboxq.queue import enqueue_many
 from outboxq.queue.backoff import RetryPolicy
 from outboxq.settings import Settings
 from outboxq.workers.registry import Consumer
 from outboxq.workers.runner import Worker
-from tests.handlers_runtime import wait_for
+from tests.support import wait_for
 
 
 def test_failing_queue_retries_one_at_a_time_while_another_queue_keeps_running_then_eagerly_after_success(db_url):

@@ -14,7 +14,8 @@ from outboxq.testing import TestQueue
 from outboxq.workers.maintenance import promote, prune
 from outboxq.workers.registry import Consumer, register
 from outboxq.workers.runner import Worker
-from tests.handlers_runtime import isolated_registry, status_of, wait_for  # noqa: F401
+from tests.handlers_runtime import isolated_registry  # noqa: F401
+from tests.support import status_of, wait_for
 
 
 @pytest.fixture

@@ -23,7 +23,8 @@ from outboxq.workers.executor import execute
 from outboxq.workers.maintenance import rescue
 from outboxq.workers.registry import Consumer, consumer, get_consumer
 from outboxq.workers.runner import Worker
-from tests.handlers_runtime import EFFECTS_DDL, RUNS_DDL, status_of, wait_for
+from tests.handlers_runtime import EFFECTS_DDL, RUNS_DDL
+from tests.support import status_of, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -18,7 +18,8 @@ from outboxq.testing import TestQueue
 from outboxq.workers.context import delivery_hash
 from outboxq.workers.registry import Consumer, register
 from outboxq.workers.runner import Worker
-from tests.handlers_runtime import REQUEST_ID_VAR, isolated_registry, request_id, status_of, wait_for  # noqa: F401
+from tests.handlers_runtime import REQUEST_ID_VAR, isolated_registry, request_id  # noqa: F401
+from tests.support import status_of, wait_for
 
 
 def _count_jobs(url):

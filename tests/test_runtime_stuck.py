@@ -10,12 +10,13 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
+import tests.handlers_runtime  # noqa: F401 - registers its consumers
 from outboxq.queue import enqueue
 from outboxq.workers import executor
 from outboxq.workers.executor import AsyncLoop
 from outboxq.workers.registry import Consumer
 from outboxq.workers.runner import Worker
-from tests.handlers_runtime import status_of, wait_for
+from tests.support import status_of, wait_for
 
 
 def _stuck_records(caplog):

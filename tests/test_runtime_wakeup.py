@@ -15,7 +15,8 @@ from outboxq.queue import enqueue
 from outboxq.testing import TestQueue
 from outboxq.workers.registry import Consumer, register
 from outboxq.workers.runner import Worker
-from tests.handlers_runtime import isolated_registry, wait_for  # noqa: F401
+from tests.handlers_runtime import isolated_registry  # noqa: F401
+from tests.support import wait_for
 
 
 def _measure_latencies(db_url, worker, started, samples):

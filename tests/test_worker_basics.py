@@ -20,18 +20,11 @@ from outboxq.workers.maintenance import rescue
 from outboxq.workers.registry import Consumer
 from outboxq.workers.runner import Worker
 from tests.handlers_basic import RUNS_TABLE_DDL
+from tests.support import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def wait_for(predicate, timeout=30.0, interval=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout} s")
 
 
 def job_status(url, job_id):

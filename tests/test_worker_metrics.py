@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from outboxq import Worker, consumer, enqueue_many
 from outboxq.workers.registry import get_consumer
-from tests.handlers_runtime import wait_for
+from tests.support import wait_for
 
 
 @consumer("metered", max_attempts=1)
