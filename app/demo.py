@@ -8,9 +8,10 @@ import uuid
 from collections import Counter
 
 import psycopg
+from psycopg.rows import dict_row
+
 from outboxq.queue import enqueue
 from outboxq.queue.jobs import JobStatus
-from psycopg.rows import dict_row
 
 
 class RolledBack(Exception):

@@ -8,6 +8,7 @@ from typing import Any
 
 import psycopg
 from fastapi.testclient import TestClient
+
 from outboxq.api import create_app
 from outboxq.settings import Settings
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import psycopg
+
 from outboxq.db import url_with_database
 
 ROOT = Path(__file__).resolve().parents[1]

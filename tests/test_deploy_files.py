@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import yaml
+
 from outboxq.cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]

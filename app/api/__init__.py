@@ -9,15 +9,16 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
+from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
 from outboxq.api import errors
 from outboxq.api.auth import parse_tokens
 from outboxq.api.routes import admin, health, jobs, metrics, queues, spark, stats
 from outboxq.db import database_url
 from outboxq.queue.admin import HealthMonitor
 from outboxq.settings import Settings, get_settings
-from psycopg.rows import dict_row
-from psycopg_pool import ConnectionPool
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("outboxq.api")
 

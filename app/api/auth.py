@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
 from outboxq.api.errors import ApiProblem
 
 SCOPES = ("enqueue", "read", "admin")

@@ -9,10 +9,11 @@ from typing import Annotated, Any
 import psycopg
 from fastapi import Depends, Header, Path, Request
 from fastapi.responses import JSONResponse
+from psycopg_pool import ConnectionPool
+
 from outboxq.queue import idempotency
 from outboxq.queue.enqueue import QUEUE_NAME_PATTERN
 from outboxq.settings import Settings
-from psycopg_pool import ConnectionPool
 
 
 def get_settings_of_app(request: Request) -> Settings:

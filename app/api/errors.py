@@ -10,11 +10,12 @@ import psycopg_pool
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
 from outboxq import errors
 from outboxq.queue.feed import InvalidMarker
 from outboxq.queue.idempotency import IdempotencyKeyReused
-from pydantic import BaseModel
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("outboxq.api")
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from outboxq.queue.enqueue import MAX_KEY_LENGTH, PRIORITY_RANGE, QUEUE_NAME_PATTERN
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+from outboxq.queue.enqueue import MAX_KEY_LENGTH, PRIORITY_RANGE, QUEUE_NAME_PATTERN
 
 QUEUE_PATTERN = f"^{QUEUE_NAME_PATTERN.pattern}$"
 MAX_DELAY_S = 100 * 365 * 86400.0

@@ -8,13 +8,14 @@ import sys
 
 import psycopg
 import uvicorn
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
 from outboxq.api import create_app
 from outboxq.api.auth import parse_tokens
 from outboxq.db import database_url
 from outboxq.errors import SchemaOutOfDate
 from outboxq.queue.migrate import ensure_current
 from outboxq.settings import Settings, get_settings
-from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 log = logging.getLogger("outboxq.api")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
+
 from outboxq.api.auth import scoped
 from outboxq.api.deps import JobId, PoolDep, QueueName, transaction
 from outboxq.api.errors import error_responses

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+
 from outboxq.api.auth import scoped
 from outboxq.api.deps import PoolDep, transaction
 from outboxq.api.errors import error_json, error_responses
 from outboxq.api.schemas import Health, Liveness, Readiness
-from outboxq.queue.migrate import head_revision
+from outboxq.queue.migrate import head_revision, revision_on
 
 router = APIRouter(tags=["health"])
 
 READINESS_TIMEOUT_S = 2.0
-schema_revision_get = "SELECT version_num FROM alembic_version"
 
 
 @router.get("/healthz", response_model=Liveness)
@@ -28,12 +28,10 @@ def readiness(request: Request) -> JSONResponse:
     pool = request.app.state.pool
     try:
         with pool.connection(timeout=READINESS_TIMEOUT_S) as conn:
-            exists = conn.execute("SELECT to_regclass('alembic_version') IS NOT NULL AS ok").fetchone()
-            row = conn.execute(schema_revision_get).fetchone() if exists and exists["ok"] else None
+            revision = revision_on(conn)
     except Exception as exc:  # any failure to reach the database means: not ready
         return error_json(503, "database_unavailable", f"the database does not answer ({type(exc).__name__})",
                           {"Retry-After": "1"})
-    revision = row["version_num"] if row else None
     if revision != head_revision():
         return error_json(503, "schema_out_of_date",
                           f"the schema is at {revision or 'nothing'} but this outboxq needs {head_revision()}: "

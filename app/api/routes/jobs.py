@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
+
 from outboxq.api.auth import EnqueuePrincipal, scoped
 from outboxq.api.deps import (
     IdempotencyKey,

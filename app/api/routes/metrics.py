@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials
+
 from outboxq.api.auth import check
 from outboxq.api.deps import PoolDep, transaction
 from outboxq.api.errors import error_responses

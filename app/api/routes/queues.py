@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
+
 from outboxq.api.auth import scoped
 from outboxq.api.deps import PoolDep, QueueName, transaction
 from outboxq.api.errors import error_responses

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
+
 from outboxq.api.auth import scoped
 from outboxq.api.deps import PoolDep, transaction
 from outboxq.api.errors import ApiProblem, error_responses
