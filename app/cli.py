@@ -106,15 +106,53 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_queues(args: argparse.Namespace) -> int:
-    """A table of queues with their job counts per status."""
+    """A table of queues with their job counts per status, then the limited queues' limits and usage."""
     from outboxq.db import connect
-    from outboxq.queue import admin
+    from outboxq.queue import admin, limits
     from outboxq.queue.jobs import JobStatus
 
+    if getattr(args, "queues_command", None) == "limit":
+        return cmd_queues_limit(args)
     with connect(_current_url()) as conn:
         infos = admin.queue_counts(conn)
+        usage = limits.usage(conn)
     rows = [{"queue": i.queue, "paused": i.paused, **i.counts} for i in infos]
-    _print(rows, ["queue", "paused", *(s.value for s in JobStatus)], args.json)
+    if args.json:
+        print(json.dumps({"queues": rows, "limits": usage}, default=str, indent=2))
+        return 0
+    _print(rows, ["queue", "paused", *(s.value for s in JobStatus)], False)
+    if usage:
+        print("\nlimits (per key where per_key; running now, starts within the rate window)")
+        for r in usage:
+            r["busiest_keys"] = ", ".join(f"{k}:{n}" for k, n in (r["busiest_keys"] or {}).items()) or None
+        _print(usage, ["queue", "global_concurrency", "rate_limit", "per_key", "source", "running",
+                       "recent_starts", "busiest_keys"], False)
+    return 0
+
+
+def cmd_queues_limit(args: argparse.Namespace) -> int:
+    """Change a queue's limits at run time (every worker applies them within a few seconds)."""
+    from outboxq.db import connect
+    from outboxq.queue import limits
+
+    with connect(_current_url()) as conn:
+        if args.reset:
+            limits.reset_limits(conn, args.queue)
+            conn.commit()
+            print(f"queue {args.queue}: limits back to what its consumers declare")
+            return 0
+        set_concurrency = args.global_concurrency is not None or args.no_global_concurrency
+        set_rate = args.rate_limit is not None or args.no_rate_limit
+        if not (set_concurrency or set_rate):
+            print("give --global-concurrency N, --rate-limit N/s|N/m|N/h, --no-global-concurrency, "
+                  "--no-rate-limit or --reset", file=sys.stderr)
+            return 2
+        result = limits.set_limits(conn, args.queue, global_concurrency=args.global_concurrency,
+                                   rate_limit=args.rate_limit, set_concurrency=set_concurrency,
+                                   set_rate=set_rate)
+        conn.commit()
+    print(f"queue {result.queue}: global concurrency {result.global_concurrency or 'unlimited'}, "
+          f"rate limit {result.rate_limit or 'none'}{' (per key)' if result.per_key else ''}")
     return 0
 
 
@@ -215,9 +253,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--orders", type=int, default=300)
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("queues", help="queues and their job counts")
+    p = sub.add_parser("queues", help="queues and their job counts, limits and usage")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_queues)
+    queues_sub = p.add_subparsers(dest="queues_command")
+    lim = queues_sub.add_parser("limit", help="change a queue's concurrency and rate limits at run time")
+    lim.add_argument("queue")
+    lim.add_argument("--global-concurrency", type=int, help="at most N running (per key with limit_by)")
+    lim.add_argument("--rate-limit", help="at most N starts per period: N/s, N/m or N/h (per key with limit_by)")
+    lim.add_argument("--no-global-concurrency", action="store_true", help="remove the concurrency limit")
+    lim.add_argument("--no-rate-limit", action="store_true", help="remove the rate limit")
+    lim.add_argument("--reset", action="store_true", help="forget the operator's limits: the consumers' apply")
 
     for name in ("pause", "resume"):
         p = sub.add_parser(name, help=f"{name} a queue")

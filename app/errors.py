@@ -52,6 +52,12 @@ class InvalidMarker(InvalidInput):
     code = "invalid_marker"
 
 
+class InvalidLimit(InvalidInput):
+    """A flow-control option that cannot be applied (a malformed rate limit, a negative concurrency...)."""
+
+    code = "invalid_limit"
+
+
 class InvalidPayload(OutboxqError, ValueError):
     """The consumer's valid_payload check (or the codec) rejected the payload."""
 

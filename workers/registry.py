@@ -12,6 +12,7 @@ from typing import Any
 from outboxq.errors import InvalidInput
 from outboxq.queue.backoff import RetryPolicy
 from outboxq.queue.enqueue import PayloadHooks, register_payload_hooks, validate_queue_name
+from outboxq.queue.limits import QueueLimits, declared_limits
 from outboxq.settings import Settings, get_settings
 
 
@@ -33,6 +34,10 @@ class Consumer:
     decode: Callable[[bytes], Any] | None = None
     depends_on: Callable[[Any], Iterable[tuple[str, str]]] | None = None
     consumer_id: str | None = None
+    # Flow control (outboxq.queue.limits): at most N running (per limit key with limit_by), N starts per period.
+    global_concurrency: int | None = None
+    rate_limit: str | None = None
+    limit_by: str | Callable[[Any], Any] | None = None
 
     # Cached: the executor asks for every job, and inspect.signature costs more than a no-op handler.
     @cached_property
@@ -61,6 +66,12 @@ class Consumer:
                                          backoff_base=self.backoff_base, backoff_max=self.backoff_max,
                                          jitter=self.jitter)
 
+    @cached_property
+    def limits(self) -> QueueLimits:
+        """The flow-control limits this consumer declares for its queue."""
+        return declared_limits(self.queue, global_concurrency=self.global_concurrency,
+                               rate_limit=self.rate_limit, limit_by=self.limit_by)
+
     def effective_lease_s(self, settings: Settings | None = None) -> float:
         """Seconds a claim holds the job before another worker may rescue it (renewed while running)."""
         return (settings or get_settings()).lease_s if self.lease_s is None else self.lease_s
@@ -80,8 +91,9 @@ def register(c: Consumer) -> Consumer:
         raise InvalidInput("max_attempts must be >= 0 (0 means retry forever)")
     if (c.encode is None) != (c.decode is None):
         raise InvalidInput(f"consumer of {c.queue!r}: give both encode and decode, or neither")
+    c.limits  # noqa: B018 - validates the flow-control options now rather than at the worker's start
     _consumers[c.queue] = c
-    register_payload_hooks(c.queue, PayloadHooks(c.encode, c.valid_payload, c.depends_on))
+    register_payload_hooks(c.queue, PayloadHooks(c.encode, c.valid_payload, c.depends_on, limit_by=c.limit_by))
     return c
 
 
@@ -90,7 +102,9 @@ def consumer(queue: str, **options: Any) -> Callable[[Callable[..., Any]], Calla
 
     The handler is `def handle(payload, ctx)` (or `async def`); returning is success, raising is a failed
     attempt. Options: max_attempts, backoff_base, backoff_max, jitter, lease_s, max_execute_s,
-    idempotent_conflicts, valid_payload, encode/decode, depends_on, consumer_id.
+    idempotent_conflicts, valid_payload, encode/decode, depends_on, consumer_id; flow control:
+    global_concurrency (at most N running across every worker), rate_limit ("N/s", "N/m", "N/h": at most N
+    starts per period), limit_by (a payload field or a callable payload -> str: the limits apply per key).
     """
 
     def decorate(handler: Callable[..., Any]) -> Callable[..., Any]:

@@ -29,7 +29,8 @@ import psycopg
 from psycopg.rows import dict_row
 
 from outboxq.db import database_url, url_in_schema
-from outboxq.queue import sql
+from outboxq.queue import limits as flow_limits
+from outboxq.queue import limits_sql, sql
 from outboxq.settings import Settings, get_settings
 from outboxq.workers import executor
 from outboxq.workers.context import JobContext
@@ -42,6 +43,9 @@ from outboxq.workers.registry import Consumer, all_consumers
 log = logging.getLogger("outboxq.worker")
 
 RECONNECT_DELAY_S = 0.5
+# A limited queue whose claim came back short is claimed again after this (its slots free up as other
+# workers' jobs finish, and its rate window slides), rather than after the poll interval.
+LIMITED_RECHECK_S = 0.05
 
 
 class Worker:
@@ -97,6 +101,11 @@ class Worker:
         self.metrics.track_in_flight(lambda: self.in_flight)
         self.metrics_port = metrics_port
         self.stats = {"claimed": 0, "completed": 0, "failed": 0, "fenced": 0, "cancelled": 0}
+        # Flow control: the limits of this worker's limited queues (re-read every LIMITS_REFRESH_S), and where
+        # each per-key queue's round robin resumes.
+        self._limits: dict[str, flow_limits.QueueLimits] = {}
+        self._limits_read_at: float | None = None
+        self._limit_cursor: dict[str, str] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -212,17 +221,28 @@ class Worker:
                     conn = self._connect()
                 claimed_any_full = False
                 now = time.monotonic()
+                if self._limits_read_at is None or now - self._limits_read_at >= flow_limits.LIMITS_REFRESH_S:
+                    self._read_limits(conn)
                 for queue_name, consumer in self.consumers.items():
                     if self._stopping.is_set() or self._idle_until[queue_name] > now:
                         continue
                     room = self._room()
                     if room <= 0:
                         break
-                    jobs = self.claim(conn, consumer, min(room, self.batch_size))
+                    limits = self._limits.get(queue_name)
+                    if limits is None:  # no limit: today's claim, nothing more
+                        wanted = min(room, self.batch_size)
+                        jobs = self.claim(conn, consumer, wanted)
+                    else:
+                        wanted = min(self._limited_room(limits, room), self.batch_size)
+                        if wanted <= 0:
+                            continue  # every handler is busy: a completion wakes the dispatcher
+                        jobs = self.claim_limited(conn, consumer, limits, wanted)
                     for job in jobs:
                         self._work.put(job)
-                    if len(jobs) < min(room, self.batch_size):
-                        self._idle_until[queue_name] = time.monotonic() + self.poll_interval
+                    if len(jobs) < wanted:
+                        self._idle_until[queue_name] = time.monotonic() + (
+                            self.poll_interval if limits is None else min(self.poll_interval, LIMITED_RECHECK_S))
                     else:
                         claimed_any_full = True
                 if claimed_any_full and self._room() > 0:
@@ -248,8 +268,48 @@ class Worker:
             return 0
         return self.max_in_flight - in_flight
 
+    # ------------------------------------------------------------------ flow control (outboxq.queue.limits)
+
+    def _read_limits(self, conn: psycopg.Connection) -> None:
+        """Declare this worker's consumers' limits (at start), then read the limits of its queues."""
+        if self._limits_read_at is None:
+            for consumer in self.consumers.values():
+                flow_limits.declare(conn, consumer.limits)
+        self._limits = {q: lim for q, lim in flow_limits.load(conn).items()
+                        if q in self.consumers and lim.limited}
+        conn.commit()
+        self._limits_read_at = time.monotonic()
+
+    def _limited_room(self, limits: flow_limits.QueueLimits, room: int) -> int:
+        """How many jobs of a limited queue to claim. Where the limit can bind (a rate limit, per-key limits, a
+        concurrency below what this worker may hold), only as many as there are idle handlers: a job claimed
+        is a job started, so the starts stay within the rate limit and no worker holds slots it cannot use."""
+        if (limits.rate_limit_count is None and not limits.per_key
+                and limits.global_concurrency is not None and limits.global_concurrency >= self.max_in_flight):
+            return room
+        with self._lock:
+            return min(room, self.concurrency - len(self._in_flight))
+
+    def claim_limited(self, conn: psycopg.Connection, consumer: Consumer, limits: flow_limits.QueueLimits,
+                      limit: int) -> list[ClaimedJob]:
+        """Claim up to `limit` jobs of a limited queue, within its limits (committed).
+
+        The claims of one limited queue take turns (an advisory lock until commit), each counting what runs
+        and what started under the previous one."""
+        conn.execute(limits_sql.queue_limit_claim_lock, {"queue": consumer.queue})
+        if not limits.per_key:
+            return self.claim(conn, consumer, limit, statement=limits_sql.job_claim_limited)
+        rows: list[dict[str, Any]] = []
+        after_key = self._limit_cursor.get(consumer.queue, "")
+        jobs = self.claim(conn, consumer, limit, statement=limits_sql.job_claim_limited_per_key,
+                          params={"after_key": after_key, "max_keys": max(4 * limit, 64)}, rows_out=rows)
+        if rows:  # the round robin resumes after the last key served
+            self._limit_cursor[consumer.queue] = max(rows, key=lambda r: r["limit_key_pos"])["limit_key"]
+        return jobs
+
     def claim(self, conn: psycopg.Connection, consumer: Consumer, limit: int,
-              statement: str = sql.job_claim_batch, params: dict[str, Any] | None = None) -> list[ClaimedJob]:
+              statement: str = sql.job_claim_batch, params: dict[str, Any] | None = None,
+              rows_out: list[dict[str, Any]] | None = None) -> list[ClaimedJob]:
         """Claim up to `limit` jobs of the consumer's queue under a fresh lease token (committed)."""
         lease_token = uuid.uuid4()
         lease_s = consumer.effective_lease_s(self.settings)
@@ -267,6 +327,8 @@ class Worker:
             },
         ).fetchall()
         conn.commit()
+        if rows_out is not None:
+            rows_out.extend(rows)
         if not rows:
             return []
         if rows[0]["queue_failing"]:
@@ -435,6 +497,8 @@ class Worker:
         with self._lock:
             for o in outcomes:
                 self._in_flight.pop(o.job.id, None)
+        for queue_name in {o.job.queue for o in outcomes} & self._limits.keys():
+            self._idle_until[queue_name] = 0.0  # a slot of a limited queue is free: claim again now
         self._wake.set()
 
     def _log_fenced(self, outcome: Outcome, what: str) -> None:

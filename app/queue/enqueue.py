@@ -19,6 +19,7 @@ from outboxq.errors import DuplicateJob, InvalidInput, InvalidPayload, UnknownDe
 from outboxq.queue import context as job_context
 from outboxq.queue import sql
 from outboxq.queue.jobs import Job, JobStatus
+from outboxq.queue.limits import limit_key_of, validate_limit_key
 from outboxq.settings import get_settings
 
 QUEUE_NAME_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
@@ -29,17 +30,19 @@ PRIORITY_RANGE = (-32768, 32767)
 class PayloadHooks:
     """What a consumer registered in this process says about its queue's payloads."""
 
-    __slots__ = ("encode", "valid_payload", "depends_on")
+    __slots__ = ("encode", "valid_payload", "depends_on", "limit_by")
 
     def __init__(
         self,
         encode: Callable[[Any], bytes | str] | None = None,
         valid_payload: Callable[[Any], bool] | None = None,
         depends_on: Callable[[Any], Iterable[Sequence[str]]] | None = None,
+        limit_by: str | Callable[[Any], Any] | None = None,
     ):
         self.encode = encode
         self.valid_payload = valid_payload
         self.depends_on = depends_on
+        self.limit_by = limit_by  # flow control: the job's limit key (outboxq.queue.limits)
 
 
 _payload_hooks: dict[str, PayloadHooks] = {}
@@ -100,6 +103,14 @@ def encode_payload(queue: str, payload: Any) -> tuple[str | None, bytes | None]:
         return json.dumps(payload, separators=(",", ":"), allow_nan=False), None
     except (TypeError, ValueError) as exc:
         raise InvalidPayload(f"payload is not JSON ({exc}); pass JSON values or register a codec") from exc
+
+
+def _limit_key(queue: str, payload: Any, given: str | None) -> str | None:
+    """The job's limit key: the one given to enqueue, else the consumer's limit_by applied to the payload."""
+    if given is not None:
+        return validate_limit_key(given)
+    hooks = _payload_hooks.get(queue)
+    return None if hooks is None or hooks.limit_by is None else limit_key_of(hooks.limit_by, payload)
 
 
 def psycopg_connection(conn: Any) -> psycopg.Connection:
@@ -278,10 +289,12 @@ def _enqueue_plan(
     delay: float | None,
     priority: int,
     max_attempts: int | None,
+    limit_key: str | None = None,
 ) -> Plan:
     validate_queue_name(queue)
     validate_key(key)
     delay_s = _validate_options(run_at, delay, priority, max_attempts)
+    limit_key = _limit_key(queue, payload, limit_key)
     payload_json, payload_bytes = encode_payload(queue, payload)
     hooks = _payload_hooks.get(queue)
     if hooks is not None and hooks.depends_on is not None:
@@ -302,6 +315,7 @@ def _enqueue_plan(
             "max_attempts": max_attempts,
             "context": context,
             "waiting_reason": waiting_reason,
+            "limit_key": limit_key,
         },
         rows="one",
     )
@@ -324,10 +338,15 @@ def _enqueue_many_plan(
     delay: float | None,
     priority: int,
     max_attempts: int | None,
+    limit_keys: Sequence[str | None] | None = None,
 ) -> Plan:
     validate_queue_name(queue)
     delay_s = _validate_options(run_at, delay, priority, max_attempts)
     payloads = list(payloads)
+    if limit_keys is not None and len(limit_keys) != len(payloads):
+        raise InvalidInput(f"limit_keys has {len(limit_keys)} entries for {len(payloads)} payloads")
+    limit_key_list = [_limit_key(queue, p, None if limit_keys is None else limit_keys[i])
+                      for i, p in enumerate(payloads)]
     if keys is None:
         key_list: list[str | None] = [None] * len(payloads)
     else:
@@ -345,7 +364,7 @@ def _enqueue_many_plan(
     encoded = [encode_payload(queue, p) for p in payloads]
     context = job_context.capture()
     options = {"priority": priority, "run_at": run_at, "delay_s": delay_s, "max_attempts": max_attempts,
-               "context": context}
+               "context": context, "limit_keys": limit_key_list}
     if all(k is None for k in key_list):
         rows = yield from _copy_jobs(queue, encoded, **options)
     else:
@@ -367,6 +386,7 @@ def enqueue(
     delay: float | None = None,
     priority: int = 0,
     max_attempts: int | None = None,
+    limit_key: str | None = None,
 ) -> Job:
     """Write one job in the caller's transaction and return it; nothing is committed here.
 
@@ -375,7 +395,7 @@ def enqueue(
     InvalidInput / InvalidPayload for arguments to fix.
     """
     plan = _enqueue_plan(queue, payload, key=key, depends_on=depends_on, run_at=run_at, delay=delay,
-                         priority=priority, max_attempts=max_attempts)
+                         priority=priority, max_attempts=max_attempts, limit_key=limit_key)
     return _run_plan(conn, plan)
 
 
@@ -390,11 +410,12 @@ async def enqueue_async(
     delay: float | None = None,
     priority: int = 0,
     max_attempts: int | None = None,
+    limit_key: str | None = None,
 ) -> Job:
     """enqueue() for async code: `conn` is a psycopg AsyncConnection or a SQLAlchemy AsyncSession /
     AsyncConnection; same options, validation and errors, and it never commits."""
     plan = _enqueue_plan(queue, payload, key=key, depends_on=depends_on, run_at=run_at, delay=delay,
-                         priority=priority, max_attempts=max_attempts)
+                         priority=priority, max_attempts=max_attempts, limit_key=limit_key)
     return await _run_plan_async(conn, plan)
 
 
@@ -408,13 +429,14 @@ def enqueue_many(
     delay: float | None = None,
     priority: int = 0,
     max_attempts: int | None = None,
+    limit_keys: Sequence[str | None] | None = None,
 ) -> list[Job]:
     """Write many jobs of one queue in one statement, in the caller's transaction; all or none.
 
     `keys`, when given, has one key (or None) per payload.
     """
     plan = _enqueue_many_plan(queue, payloads, keys=keys, run_at=run_at, delay=delay, priority=priority,
-                              max_attempts=max_attempts)
+                              max_attempts=max_attempts, limit_keys=limit_keys)
     return _run_plan(conn, plan)
 
 
@@ -428,10 +450,11 @@ async def enqueue_many_async(
     delay: float | None = None,
     priority: int = 0,
     max_attempts: int | None = None,
+    limit_keys: Sequence[str | None] | None = None,
 ) -> list[Job]:
     """enqueue_many() for async code (psycopg AsyncConnection, SQLAlchemy AsyncSession / AsyncConnection)."""
     plan = _enqueue_many_plan(queue, payloads, keys=keys, run_at=run_at, delay=delay, priority=priority,
-                              max_attempts=max_attempts)
+                              max_attempts=max_attempts, limit_keys=limit_keys)
     return await _run_plan_async(conn, plan)
 
 
@@ -445,21 +468,23 @@ def _written_job(row: dict[str, Any], queue: str, payload: Any, *, priority: int
 
 def _copy_jobs(queue: str, encoded: list[tuple[str | None, bytes | None]], *, priority: int,
                run_at: datetime | None, delay_s: float | None, max_attempts: int | None,
-               context: str | None) -> Generator[Statement | Copy, Any, list[dict[str, Any]]]:
+               context: str | None, limit_keys: list[str | None]
+               ) -> Generator[Statement | Copy, Any, list[dict[str, Any]]]:
     """Write key-less jobs with COPY (no key can conflict); the rows as an INSERT would return them."""
     reserved = yield Statement(sql.job_reserve_ids, {"n": len(encoded)}, rows="one")
     now = reserved["now"]
     due = run_at or (now + timedelta(seconds=delay_s or 0.0))
     yield Copy(sql.job_copy, [(job_id, queue, "queued", payload, payload_bytes, priority, due, max_attempts,
-                               context, now)
-                              for job_id, (payload, payload_bytes) in zip(reserved["ids"], encoded, strict=True)])
+                               context, now, limit_key)
+                              for job_id, (payload, payload_bytes), limit_key
+                              in zip(reserved["ids"], encoded, limit_keys, strict=True)])
     return [{"id": job_id, "key": None, "status": "queued", "run_at": due, "created_at": now}
             for job_id in reserved["ids"]]
 
 
 def _insert_jobs(queue: str, key_list: list[str | None], encoded: list[tuple[str | None, bytes | None]], *,
                  priority: int, run_at: datetime | None, delay_s: float | None, max_attempts: int | None,
-                 context: str | None) -> Generator[Statement, Any, list[dict[str, Any]]]:
+                 context: str | None, limit_keys: list[str | None]) -> Generator[Statement, Any, list[dict[str, Any]]]:
     """Write jobs with keys in one INSERT; DuplicateJob (and this call's rows undone) when a key exists."""
     rows = yield Statement(
         sql.job_insert_many,
@@ -468,6 +493,7 @@ def _insert_jobs(queue: str, key_list: list[str | None], encoded: list[tuple[str
             "keys": key_list,
             "payloads": [e[0] for e in encoded],
             "payloads_bytes": [e[1] for e in encoded],
+            "limit_keys": limit_keys,
             "priority": priority,
             "run_at": run_at,
             "delay": delay_s,

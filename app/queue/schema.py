@@ -8,6 +8,7 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     DateTime,
+    Float,
     ForeignKey,
     Identity,
     Index,
@@ -59,6 +60,8 @@ jobs = Table(
     Column("started_at", DateTime(timezone=True)),  # first attempt
     Column("attempt_started_at", DateTime(timezone=True)),  # latest attempt: processing time starts here
     Column("finished_at", DateTime(timezone=True)),
+    # Flow control (issue 14): the key that per-key limits count by, from the consumer's limit_by at enqueue.
+    Column("limit_key", Text),
     CheckConstraint(f"status IN ({_status_list})", name="outboxq_jobs_status_check"),
     CheckConstraint("max_attempts IS NULL OR max_attempts >= 0", name="outboxq_jobs_max_attempts_check"),
 )
@@ -94,6 +97,14 @@ Index(
     postgresql_where=text("status = 'waiting'"),
 )
 
+# Per-key claims (flow control): the distinct keys of a queue's claimable jobs, and each key's jobs in claim
+# order. Jobs without a limit key (every queue without limit_by) are not in it: they cost it nothing.
+Index(
+    "outboxq_jobs_limit_key_idx",
+    jobs.c.queue, jobs.c.limit_key, jobs.c.priority, jobs.c.run_at, jobs.c.id,
+    postgresql_where=text("status IN ('queued', 'retrying') AND limit_key IS NOT NULL"),
+)
+
 job_errors = Table(
     "outboxq_job_errors",
     metadata,
@@ -127,6 +138,40 @@ queues = Table(
     Column("consecutive_failures", Integer, nullable=False, server_default=text("0")),
     Column("last_success_at", DateTime(timezone=True)),
 )
+
+# Flow control (issue 14): a queue's limits, changeable at run time. `source` is 'consumer' when the row comes
+# from a @consumer's options (a worker rewrites it at start) and 'operator' once `outboxq queues limit` set
+# it (workers leave it alone then).
+queue_limits = Table(
+    "outboxq_queue_limits",
+    metadata,
+    Column("queue", Text, primary_key=True),
+    Column("global_concurrency", Integer),
+    Column("rate_limit_count", Integer),
+    Column("rate_limit_period_s", Float),
+    Column("per_key", Boolean, nullable=False, server_default=text("false")),
+    Column("source", Text, nullable=False, server_default=text("'consumer'")),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint("global_concurrency IS NULL OR global_concurrency >= 0",
+                    name="outboxq_queue_limits_global_concurrency_check"),
+    CheckConstraint("(rate_limit_count IS NULL) = (rate_limit_period_s IS NULL) "
+                    "AND (rate_limit_count IS NULL OR (rate_limit_count >= 0 AND rate_limit_period_s > 0))",
+                    name="outboxq_queue_limits_rate_limit_check"),
+    CheckConstraint("source IN ('consumer', 'operator')", name="outboxq_queue_limits_source_check"),
+)
+
+# The starts of rate-limited queues (a sliding-window log): one row per claim and key, with how many jobs it
+# started; rows older than the queue's period are deleted by the claims themselves.
+limit_starts = Table(
+    "outboxq_limit_starts",
+    metadata,
+    Column("id", BigInteger, Identity(always=False), primary_key=True),
+    Column("queue", Text, nullable=False),
+    Column("limit_key", Text, nullable=False),
+    Column("started_at", DateTime(timezone=True), nullable=False),
+    Column("starts", Integer, nullable=False),
+)
+Index("outboxq_limit_starts_queue_idx", limit_starts.c.queue, limit_starts.c.started_at)
 
 idempotency_keys = Table(
     "outboxq_idempotency_keys",

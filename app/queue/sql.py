@@ -32,10 +32,11 @@ JOB_COLUMNS = (
 
 job_insert = """
 INSERT INTO outboxq_jobs
-    (queue, key, status, payload, payload_bytes, priority, run_at, max_attempts, context, waiting_reason)
+    (queue, key, status, payload, payload_bytes, priority, run_at, max_attempts, context, waiting_reason,
+     limit_key)
 VALUES (%(queue)s, %(key)s, %(status)s, %(payload)s, %(payload_bytes)s, %(priority)s,
         coalesce(%(run_at)s::timestamptz, now() + %(delay)s::float8 * interval '1 second'),
-        %(max_attempts)s, %(context)s, %(waiting_reason)s)
+        %(max_attempts)s, %(context)s, %(waiting_reason)s, %(limit_key)s)
 ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING
 RETURNING id, status, run_at, created_at
 """
@@ -43,12 +44,12 @@ RETURNING id, status, run_at, created_at
 # Many jobs of one queue in one statement; rows come back in input order (ORDER BY ordinality).
 job_insert_many = """
 INSERT INTO outboxq_jobs
-    (queue, key, status, payload, payload_bytes, priority, run_at, max_attempts, context)
+    (queue, key, status, payload, payload_bytes, priority, run_at, max_attempts, context, limit_key)
 SELECT %(queue)s, i.key, 'queued', i.payload, i.payload_bytes, %(priority)s,
        coalesce(%(run_at)s::timestamptz, now() + %(delay)s::float8 * interval '1 second'),
-       %(max_attempts)s, %(context)s
-FROM unnest(%(keys)s::text[], %(payloads)s::jsonb[], %(payloads_bytes)s::bytea[])
-     WITH ORDINALITY AS i(key, payload, payload_bytes, ord)
+       %(max_attempts)s, %(context)s, i.limit_key
+FROM unnest(%(keys)s::text[], %(payloads)s::jsonb[], %(payloads_bytes)s::bytea[], %(limit_keys)s::text[])
+     WITH ORDINALITY AS i(key, payload, payload_bytes, limit_key, ord)
 ORDER BY i.ord
 ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING
 RETURNING id, key, status, run_at, created_at
@@ -64,7 +65,7 @@ SELECT array(SELECT nextval(pg_get_serial_sequence('outboxq_jobs', 'id')) FROM g
 
 job_copy = """
 COPY outboxq_jobs (id, queue, status, payload, payload_bytes, priority, run_at, max_attempts, context,
-                   created_at)
+                   created_at, limit_key)
 FROM STDIN
 """
 

@@ -1,0 +1,163 @@
+"""Flow control (issue 14): global and per-key concurrency limits and rate limits, kept in PostgreSQL.
+
+A @consumer declares its queue's limits (global_concurrency, rate_limit, limit_by); a worker writes them to
+outboxq_queue_limits when it starts, unless an operator has set that queue's limits (`outboxq queues limit`),
+which then stay until reset. Every worker re-reads the table every few seconds, so a change reaches all of
+them without a restart. The statements are in limits_sql.py.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from outboxq.errors import InvalidInput, InvalidLimit
+from outboxq.queue import limits_sql
+
+RATE_PERIODS_S = {"s": 1.0, "m": 60.0, "h": 3600.0}
+_RATE_PATTERN = re.compile(r"\s*(\d+)\s*/\s*([smh])\s*")
+
+# How often a worker re-reads the limits of its queues (a change takes effect within this, plus a claim).
+LIMITS_REFRESH_S = 2.0
+
+LimitBy = str | Callable[[Any], Any]
+
+
+@dataclass(frozen=True)
+class QueueLimits:
+    """The limits of one queue; None means no such limit. With per_key, they apply to each limit key."""
+
+    queue: str
+    global_concurrency: int | None = None
+    rate_limit_count: int | None = None
+    rate_limit_period_s: float | None = None
+    per_key: bool = False
+    source: str = "consumer"
+
+    @property
+    def limited(self) -> bool:
+        """True when any limit applies (a queue without one takes the unlimited claim)."""
+        return self.global_concurrency is not None or self.rate_limit_count is not None
+
+    @property
+    def rate_limit(self) -> str | None:
+        """The rate limit as written ("10/s"), or None."""
+        if self.rate_limit_count is None or self.rate_limit_period_s is None:
+            return None
+        unit = next((u for u, s in RATE_PERIODS_S.items() if s == self.rate_limit_period_s), None)
+        return f"{self.rate_limit_count}/{unit}" if unit else f"{self.rate_limit_count}/{self.rate_limit_period_s:g}s"
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> QueueLimits:
+        """From a row of outboxq_queue_limits."""
+        return cls(queue=row["queue"], global_concurrency=row["global_concurrency"],
+                   rate_limit_count=row["rate_limit_count"], rate_limit_period_s=row["rate_limit_period_s"],
+                   per_key=row["per_key"], source=row["source"])
+
+
+def parse_rate_limit(rate_limit: str | None) -> tuple[int | None, float | None]:
+    """("N/s" | "N/m" | "N/h") -> (N, period in seconds); None -> (None, None); InvalidLimit otherwise."""
+    if rate_limit is None:
+        return None, None
+    match = _RATE_PATTERN.fullmatch(rate_limit) if isinstance(rate_limit, str) else None
+    if match is None:
+        raise InvalidLimit(f"invalid rate limit {rate_limit!r}: write N/s, N/m or N/h (for example '10/s')")
+    return int(match.group(1)), RATE_PERIODS_S[match.group(2)]
+
+
+def validate_concurrency(global_concurrency: Any) -> int | None:
+    """The global concurrency (None = unlimited), or InvalidLimit."""
+    if global_concurrency is None:
+        return None
+    if isinstance(global_concurrency, bool) or not isinstance(global_concurrency, int) or global_concurrency < 0:
+        raise InvalidLimit(f"global_concurrency must be an integer >= 0, not {global_concurrency!r}")
+    return global_concurrency
+
+
+def declared_limits(queue: str, *, global_concurrency: int | None, rate_limit: str | None,
+                    limit_by: LimitBy | None) -> QueueLimits:
+    """What a @consumer's options declare (validated when the consumer is registered)."""
+    if limit_by is not None and not (callable(limit_by) or (isinstance(limit_by, str) and limit_by)):
+        raise InvalidLimit("limit_by must be a top-level payload field name or a callable payload -> str")
+    count, period = parse_rate_limit(rate_limit)
+    return QueueLimits(queue=queue, global_concurrency=validate_concurrency(global_concurrency),
+                       rate_limit_count=count, rate_limit_period_s=period, per_key=limit_by is not None)
+
+
+def limit_key_of(limit_by: LimitBy, payload: Any) -> str | None:
+    """The limit key of a payload: its `limit_by` field, or what the callable returns (None: no key)."""
+    if callable(limit_by):
+        value = limit_by(payload)
+    elif isinstance(payload, dict):
+        value = payload.get(limit_by)
+    else:
+        value = None
+    return None if value is None else str(value)
+
+
+def validate_limit_key(limit_key: Any) -> str | None:
+    """A limit key given to enqueue (or None), or InvalidInput."""
+    if limit_key is None:
+        return None
+    if not isinstance(limit_key, str) or len(limit_key) > 255 or "\x00" in limit_key:
+        raise InvalidInput(f"invalid limit_key {limit_key!r}: use a string of at most 255 characters")
+    return limit_key
+
+
+# ---------------------------------------------------------------- reading and writing the limits
+
+
+def declare(conn: Any, limits: QueueLimits) -> None:
+    """Write a consumer's declared limits (kept when an operator set the queue's); not committed."""
+    if limits.limited or limits.per_key:
+        conn.execute(limits_sql.queue_limits_declare, {
+            "queue": limits.queue, "global_concurrency": limits.global_concurrency,
+            "rate_limit_count": limits.rate_limit_count, "rate_limit_period_s": limits.rate_limit_period_s,
+            "per_key": limits.per_key})
+    else:
+        conn.execute(limits_sql.queue_limits_undeclare, {"queue": limits.queue})
+
+
+def load(conn: Any) -> dict[str, QueueLimits]:
+    """Every queue's limits, by queue."""
+    cur = conn.cursor(row_factory=_dict_row())
+    return {r["queue"]: QueueLimits.from_row(r) for r in cur.execute(limits_sql.queue_limits_all).fetchall()}
+
+
+def set_limits(conn: Any, queue: str, *, global_concurrency: int | None = None, rate_limit: str | None = None,
+               set_concurrency: bool = False, set_rate: bool = False) -> QueueLimits:
+    """An operator's change: each limit asked for replaces the current one (None removes it); not committed."""
+    from outboxq.queue.enqueue import validate_queue_name
+
+    validate_queue_name(queue)
+    count, period = parse_rate_limit(rate_limit) if set_rate else (None, None)
+    cur = conn.cursor(row_factory=_dict_row())
+    row = cur.execute(limits_sql.queue_limits_set, {
+        "queue": queue, "global_concurrency": validate_concurrency(global_concurrency) if set_concurrency else None,
+        "rate_limit_count": count, "rate_limit_period_s": period,
+        "set_concurrency": set_concurrency, "set_rate": set_rate}).fetchone()
+    return QueueLimits.from_row(row)
+
+
+def reset_limits(conn: Any, queue: str) -> bool:
+    """Forget an operator's limits of `queue` (its consumers' declarations apply again); not committed."""
+    return conn.execute(limits_sql.queue_limits_reset, {"queue": queue}).fetchone() is not None
+
+
+def usage(conn: Any) -> list[dict[str, Any]]:
+    """Each limited queue: its limits, jobs running now, starts in the rate window, busiest keys."""
+    cur = conn.cursor(row_factory=_dict_row())
+    rows = cur.execute(limits_sql.queue_limits_usage).fetchall()
+    for r in rows:
+        r["rate_limit"] = QueueLimits.from_row(r).rate_limit
+        r["running"] = int(r["running"])
+        r["recent_starts"] = int(r["recent_starts"])
+    return rows
+
+
+def _dict_row() -> Any:
+    from psycopg.rows import dict_row
+
+    return dict_row

@@ -1,0 +1,239 @@
+"""Flow control statements (issue 14): limits per queue, and the claims of limited queues.
+
+A queue without a row in outboxq_queue_limits never runs these: its workers claim with sql.job_claim_batch,
+unchanged. A limited queue's claim is two statements in one transaction:
+
+1. `queue_limit_claim_lock`: a transaction-level advisory lock per queue, so that the claims of one limited
+   queue (across every worker and host) see each other's jobs: each one counts what is running and what
+   started after the previous one committed. It is taken in a statement of its own because a statement's
+   snapshot is taken when it starts: counting in the statement that waited for the lock would miss the jobs
+   that the claim holding it just took.
+2. `job_claim_limited` (no limit_by) or `job_claim_limited_per_key` (limit_by): count, claim within the
+   allowance, and log the starts of rate-limited queues, in one statement.
+
+Both claims end with the UPDATE ... RETURNING of sql.job_claim_batch itself (the same columns set, the same
+rows returned), so that the limited and the unlimited claims cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from outboxq.queue import sql
+
+LIMIT_LOCK_CLASS = 7314
+
+# Counted as started within the window: a start this much older than the period (as a fraction of it), so
+# that the jitter between a claim and its handler's start cannot put N + 1 handler starts within one period.
+RATE_WINDOW_MARGIN = 0.02
+
+queue_limit_claim_lock = f"SELECT pg_advisory_xact_lock({LIMIT_LOCK_CLASS}, hashtext(%(queue)s))"
+
+queue_limits_all = """
+SELECT queue, global_concurrency, rate_limit_count, rate_limit_period_s, per_key, source, updated_at
+FROM outboxq_queue_limits ORDER BY queue
+"""
+
+queue_limits_get = """
+SELECT queue, global_concurrency, rate_limit_count, rate_limit_period_s, per_key, source, updated_at
+FROM outboxq_queue_limits WHERE queue = %(queue)s
+"""
+
+# What a worker's @consumer declares, written at its start unless an operator set the queue's limits. A
+# consumer without limits removes a row that came from a consumer.
+queue_limits_declare = """
+INSERT INTO outboxq_queue_limits (queue, global_concurrency, rate_limit_count, rate_limit_period_s, per_key)
+VALUES (%(queue)s, %(global_concurrency)s, %(rate_limit_count)s, %(rate_limit_period_s)s, %(per_key)s)
+ON CONFLICT (queue) DO UPDATE
+SET global_concurrency = EXCLUDED.global_concurrency, rate_limit_count = EXCLUDED.rate_limit_count,
+    rate_limit_period_s = EXCLUDED.rate_limit_period_s, per_key = EXCLUDED.per_key, updated_at = now()
+WHERE outboxq_queue_limits.source = 'consumer'
+  AND (outboxq_queue_limits.global_concurrency, outboxq_queue_limits.rate_limit_count,
+       outboxq_queue_limits.rate_limit_period_s, outboxq_queue_limits.per_key)
+      IS DISTINCT FROM (EXCLUDED.global_concurrency, EXCLUDED.rate_limit_count,
+                        EXCLUDED.rate_limit_period_s, EXCLUDED.per_key)
+"""
+
+queue_limits_undeclare = """
+DELETE FROM outboxq_queue_limits WHERE queue = %(queue)s AND source = 'consumer'
+"""
+
+# The operator's change (`outboxq queues limit`): each limit given replaces the current one (NULL = none);
+# per_key stays what the consumer declared (it follows limit_by, which is code).
+queue_limits_set = """
+INSERT INTO outboxq_queue_limits (queue, global_concurrency, rate_limit_count, rate_limit_period_s, source)
+VALUES (%(queue)s, %(global_concurrency)s, %(rate_limit_count)s, %(rate_limit_period_s)s, 'operator')
+ON CONFLICT (queue) DO UPDATE
+SET global_concurrency = CASE WHEN %(set_concurrency)s THEN EXCLUDED.global_concurrency
+                              ELSE outboxq_queue_limits.global_concurrency END,
+    rate_limit_count = CASE WHEN %(set_rate)s THEN EXCLUDED.rate_limit_count
+                            ELSE outboxq_queue_limits.rate_limit_count END,
+    rate_limit_period_s = CASE WHEN %(set_rate)s THEN EXCLUDED.rate_limit_period_s
+                               ELSE outboxq_queue_limits.rate_limit_period_s END,
+    source = 'operator', updated_at = now()
+RETURNING queue, global_concurrency, rate_limit_count, rate_limit_period_s, per_key, source, updated_at
+"""
+
+# Back to what the consumers declare: the row goes (the next worker to start declares it again).
+queue_limits_reset = "DELETE FROM outboxq_queue_limits WHERE queue = %(queue)s RETURNING queue"
+
+# Usage per queue: running jobs (lease still valid) and starts within the rate-limit window, with the busiest
+# keys of per-key queues.
+queue_limits_usage = """
+SELECT l.queue, l.global_concurrency, l.rate_limit_count, l.rate_limit_period_s, l.per_key, l.source,
+       coalesce(r.running, 0) AS running, coalesce(s.recent_starts, 0) AS recent_starts, r.busiest_keys
+FROM outboxq_queue_limits l
+LEFT JOIN LATERAL (
+    SELECT sum(n) AS running,
+           jsonb_object_agg(coalesce(limit_key, ''), n) FILTER (WHERE l.per_key AND rank <= 5) AS busiest_keys
+    FROM (SELECT limit_key, count(*) AS n, row_number() OVER (ORDER BY count(*) DESC, limit_key) AS rank
+          FROM outboxq_jobs
+          WHERE status = 'running' AND queue = l.queue AND lease_expires_at > clock_timestamp()
+          GROUP BY limit_key) k
+) r ON true
+LEFT JOIN LATERAL (
+    SELECT sum(starts) AS recent_starts FROM outboxq_limit_starts
+    WHERE queue = l.queue
+      AND started_at > clock_timestamp() - l.rate_limit_period_s * interval '1 second'
+) s ON true
+ORDER BY l.queue
+"""
+
+# ---------------------------------------------------------------- the claims of limited queues
+
+_CLAIM_HEAD = "WITH queue_state AS ("
+_CLAIM_FRESH = "),\nfresh AS ("
+_CLAIM_UPDATE = "UPDATE outboxq_jobs j\n"
+for _anchor in (_CLAIM_HEAD, _CLAIM_FRESH, _CLAIM_UPDATE):
+    if sql.job_claim_batch.count(_anchor) != 1:  # pragma: no cover - a guard for whoever edits that claim
+        raise RuntimeError(f"limits_sql builds on sql.job_claim_batch and expects {_anchor!r} in it once")
+
+# sql.job_claim_batch's queue_state CTE (paused, failing) and its UPDATE ... RETURNING.
+_QUEUE_STATE = sql.job_claim_batch[:sql.job_claim_batch.index(_CLAIM_FRESH) + 1].strip().removeprefix("WITH ")
+_UPDATE_RETURNING = sql.job_claim_batch[sql.job_claim_batch.index(_CLAIM_UPDATE):].strip()
+
+_LIMITS = f"""
+flow_limits AS (
+    SELECT global_concurrency, rate_limit_count,
+           rate_limit_period_s * {1 + RATE_WINDOW_MARGIN} * interval '1 second' AS rate_window
+    FROM outboxq_queue_limits WHERE queue = %(queue)s
+)"""
+
+# Log the starts (rate-limited queues only) and forget those older than the window.
+_STARTS = """
+flow_started AS (
+    INSERT INTO outboxq_limit_starts (queue, limit_key, started_at, starts)
+    SELECT %(queue)s, k.limit_key, clock_timestamp(), k.n FROM flow_claimed_keys k
+    WHERE (SELECT rate_limit_count FROM flow_limits) IS NOT NULL
+),
+flow_forgotten AS (
+    DELETE FROM outboxq_limit_starts
+    WHERE queue = %(queue)s AND started_at < clock_timestamp() - (SELECT rate_window FROM flow_limits)
+)"""
+
+# No limit_by: sql.job_claim_batch with its limit replaced by the queue's allowance.
+job_claim_limited = (
+    "WITH " + _LIMITS.strip() + """,
+flow_allowance AS (
+    SELECT greatest(0, least(
+        %(limit)s,
+        l.global_concurrency - (SELECT count(*) FROM outboxq_jobs
+                                WHERE status = 'running' AND queue = %(queue)s
+                                  AND lease_expires_at > clock_timestamp()),
+        l.rate_limit_count - (SELECT coalesce(sum(starts), 0) FROM outboxq_limit_starts
+                              WHERE queue = %(queue)s AND started_at > clock_timestamp() - l.rate_window)
+    ))::int AS n
+    FROM flow_limits l
+),
+"""
+    + sql.job_claim_batch.strip()
+    .replace(_CLAIM_HEAD, "queue_state AS (", 1)
+    .replace("%(limit)s", "coalesce((SELECT n FROM flow_allowance), 0)")
+    .replace(_CLAIM_UPDATE, ",\nflow_claimed AS (\n" + _CLAIM_UPDATE, 1)
+    + """
+),
+flow_claimed_keys AS (SELECT '' AS limit_key, count(*)::int AS n FROM flow_claimed HAVING count(*) > 0),"""
+    + _STARTS
+    + "\nSELECT * FROM flow_claimed\n"
+)
+
+# limit_by: the distinct keys with claimable jobs, found by a skip scan of outboxq_jobs_limit_key_idx that
+# starts after `after_key` (the last key the worker served) and wraps around, at most `max_keys` of them;
+# each key's allowance (its own concurrency and rate limits), capped at an equal share of `limit`; then round
+# robin: every key's first job, then every key's second job, and so on. `pos` is each key's place in the
+# scan: the worker resumes after the last key it served.
+_KEY_AFTER = """SELECT j.limit_key FROM outboxq_jobs j
+         WHERE j.queue = %(queue)s AND j.status IN ('queued', 'retrying') AND j.limit_key IS NOT NULL
+           AND j.limit_key > {after} {until}
+         ORDER BY j.limit_key LIMIT 1"""
+
+job_claim_limited_per_key = (
+    "WITH RECURSIVE " + _LIMITS.strip() + """,
+flow_keys_after(limit_key, pos) AS (
+    SELECT (""" + _KEY_AFTER.format(after="%(after_key)s", until="") + """), 1
+    UNION ALL
+    SELECT (""" + _KEY_AFTER.format(after="k.limit_key", until="") + """), k.pos + 1
+    FROM flow_keys_after k WHERE k.limit_key IS NOT NULL AND k.pos < %(max_keys)s
+),
+flow_keys_wrapped(limit_key, pos) AS (
+    SELECT (SELECT j.limit_key FROM outboxq_jobs j
+            WHERE j.queue = %(queue)s AND j.status IN ('queued', 'retrying') AND j.limit_key IS NOT NULL
+              AND j.limit_key <= %(after_key)s
+            ORDER BY j.limit_key LIMIT 1),
+           (SELECT count(limit_key) FROM flow_keys_after)::int + 1
+    UNION ALL
+    SELECT (""" + _KEY_AFTER.format(after="k.limit_key", until="AND j.limit_key <= %(after_key)s") + """),
+           k.pos + 1
+    FROM flow_keys_wrapped k WHERE k.limit_key IS NOT NULL AND k.pos < %(max_keys)s
+),
+flow_keys AS (
+    SELECT limit_key, pos FROM flow_keys_after WHERE limit_key IS NOT NULL
+    UNION ALL
+    SELECT limit_key, pos FROM flow_keys_wrapped WHERE limit_key IS NOT NULL AND pos <= %(max_keys)s
+),
+flow_running AS (
+    SELECT limit_key, count(*) AS n FROM outboxq_jobs
+    WHERE status = 'running' AND queue = %(queue)s AND lease_expires_at > clock_timestamp()
+    GROUP BY limit_key
+),
+flow_recent AS (
+    SELECT limit_key, sum(starts) AS n FROM outboxq_limit_starts
+    WHERE queue = %(queue)s AND started_at > clock_timestamp() - (SELECT rate_window FROM flow_limits)
+    GROUP BY limit_key
+),
+""" + _QUEUE_STATE + """,
+flow_allowance AS (
+    SELECT k.limit_key, k.pos,
+           greatest(0, least(
+               ceil(%(limit)s::float8 / greatest(1, (SELECT count(*) FROM flow_keys)))::int,
+               l.global_concurrency - coalesce(r.n, 0),
+               l.rate_limit_count - coalesce(s.n, 0)))::int AS n
+    FROM flow_keys k
+    CROSS JOIN flow_limits l
+    LEFT JOIN flow_running r ON r.limit_key = k.limit_key
+    LEFT JOIN flow_recent s ON s.limit_key = k.limit_key
+    WHERE NOT (SELECT paused FROM queue_state)
+),
+flow_picked AS (
+    SELECT c.id, a.limit_key, a.pos,
+           row_number() OVER (PARTITION BY a.limit_key ORDER BY c.priority, c.run_at, c.id) AS turn
+    FROM flow_allowance a
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.priority, j.run_at FROM outboxq_jobs j
+        WHERE j.queue = %(queue)s AND j.status IN ('queued', 'retrying') AND j.limit_key = a.limit_key
+          AND j.run_at <= now()
+        ORDER BY j.priority, j.run_at, j.id
+        LIMIT a.n
+        FOR UPDATE SKIP LOCKED
+    ) c
+    WHERE a.n > 0
+),
+fresh AS (SELECT id FROM flow_picked ORDER BY turn, pos LIMIT %(limit)s),
+retry AS (SELECT NULL::bigint AS id WHERE false),
+flow_claimed AS (
+""" + _UPDATE_RETURNING + """, j.limit_key
+),
+flow_claimed_keys AS (SELECT limit_key, count(*)::int AS n FROM flow_claimed GROUP BY limit_key),"""
+    + _STARTS
+    + """
+SELECT c.*, p.pos AS limit_key_pos FROM flow_claimed c JOIN flow_picked p ON p.id = c.id
+"""
+)

@@ -1,0 +1,230 @@
+"""Flow control (issue 14) on a real PostgreSQL with worker processes: global and per-key concurrency limits,
+rate limits, fairness between keys, dead workers' slots, limits changed at run time.
+
+Each handler records its start and end in test_flow_runs (tests/handlers_flow.py); the assertions read those
+rows: how many ran at once, how many started within any window of the rate limit's period.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+import tests.handlers_flow  # noqa: F401 - registers the consumers: enqueue computes their limit keys
+from outboxq import cli
+from outboxq.errors import InvalidLimit
+from outboxq.queue import enqueue, enqueue_many, limits
+from outboxq.workers.registry import Consumer
+from outboxq.workers.runner import Worker
+from tests.handlers_flow import RUNS_DDL
+from tests.support import wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _start_worker(db_url, log_path, queues, *extra):
+    env = {**os.environ, "DATABASE_URL": db_url, "PYTHONPATH": str(ROOT), "OUTBOXQ_BACKOFF_JITTER": "0"}
+    log = open(log_path, "ab")  # noqa: SIM115 - lives as long as the process
+    return subprocess.Popen(
+        [sys.executable, "-m", "outboxq.cli", "--log-level", "WARNING", "worker",
+         "--handlers", "tests.handlers_flow", "--queues", queues, "--poll-interval", "0.2", *extra],
+        env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+    )
+
+
+def _stop(*procs):
+    for proc in procs:
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        if proc is not None:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def _fill(db_url, queue, payloads, **options):
+    with psycopg.connect(db_url) as conn:
+        conn.execute(RUNS_DDL)
+        jobs = enqueue_many(conn, queue, payloads, **options)
+        conn.commit()
+    return jobs
+
+
+def _count(db_url, statement, *params):
+    with psycopg.connect(db_url) as c:
+        return c.execute(statement, params).fetchone()[0]
+
+
+def _runs(db_url, where="true"):
+    with psycopg.connect(db_url, row_factory=dict_row) as c:
+        return c.execute(f"SELECT * FROM test_flow_runs WHERE {where} ORDER BY started_at").fetchall()
+
+
+def _max_at_once(runs, until=None):
+    """The most runs overlapping at any instant (a run with no end lasts until `until`, or forever)."""
+    events = []
+    for r in runs:
+        events.append((r["started_at"], 1))
+        end = r["finished_at"] or until
+        if end is not None:
+            events.append((end, -1))
+    events.sort(key=lambda e: (e[0], e[1]))  # an end at the same instant as a start frees its slot first
+    at_once = best = 0
+    for _, delta in events:
+        at_once += delta
+        best = max(best, at_once)
+    return best
+
+
+def _all_done(db_url, queue, n):
+    return _count(db_url, "SELECT count(*) FROM outboxq_jobs WHERE queue = %s AND status = 'done'", queue) == n
+
+
+def test_global_concurrency_holds_across_worker_processes_and_is_reached(db_url, tmp_path):
+    _fill(db_url, "flow_global", [{"sleep": 0.15} for _ in range(30)])
+    workers = [_start_worker(db_url, tmp_path / f"w{i}.log", "flow_global", "--concurrency", "4")
+               for i in range(2)]
+    try:
+        wait_for(lambda: _all_done(db_url, "flow_global", 30), timeout=60)
+    finally:
+        _stop(*workers)
+    runs = _runs(db_url)
+    assert len(runs) == 30
+    assert _max_at_once(runs) == 3
+    assert len({r["pid"] for r in runs}) == 2  # both processes took part
+
+
+def test_per_key_concurrency_holds_per_key_while_keys_overlap(db_url, tmp_path):
+    _fill(db_url, "flow_per_key", [{"tenant": t, "sleep": 0.15} for t in ("a", "b", "c") for _ in range(8)])
+    with psycopg.connect(db_url) as c:  # the key came from limit_by at enqueue
+        keys = c.execute("SELECT DISTINCT limit_key FROM outboxq_jobs ORDER BY 1").fetchall()
+    assert keys == [("a",), ("b",), ("c",)]
+    workers = [_start_worker(db_url, tmp_path / f"w{i}.log", "flow_per_key", "--concurrency", "8")
+               for i in range(2)]
+    try:
+        wait_for(lambda: _all_done(db_url, "flow_per_key", 24), timeout=60)
+    finally:
+        _stop(*workers)
+    runs = _runs(db_url)
+    for tenant in ("a", "b", "c"):
+        assert _max_at_once([r for r in runs if r["limit_key"] == tenant]) == 2
+    assert _max_at_once(runs) > 2  # different keys ran at the same time
+
+
+def test_rate_limit_starts_in_any_window_never_exceed_the_limit_and_use_no_attempt(db_url, tmp_path):
+    _fill(db_url, "flow_rate", [{} for _ in range(35)])
+    workers = [_start_worker(db_url, tmp_path / f"w{i}.log", "flow_rate", "--concurrency", "8")
+               for i in range(2)]
+    try:
+        wait_for(lambda: _all_done(db_url, "flow_rate", 35), timeout=60)
+    finally:
+        _stop(*workers)
+    starts = [r["started_at"] for r in _runs(db_url)]
+    assert len(starts) == 35
+    period = timedelta(seconds=1)
+    in_window = [sum(1 for t in starts if s <= t < s + period) for s in starts]
+    assert max(in_window) <= 10
+    assert max(in_window) >= 9  # the limit is used, not just respected
+    assert _count(db_url, "SELECT max(attempts) FROM outboxq_jobs WHERE queue = 'flow_rate'") == 1
+
+
+def test_late_single_job_of_a_second_key_starts_while_the_first_keys_backlog_is_large(db_url, tmp_path):
+    _fill(db_url, "flow_fair", [{"tenant": "bulk", "sleep": 0.01} for _ in range(3000)])
+    worker = _start_worker(db_url, tmp_path / "w.log", "flow_fair", "--concurrency", "4")
+    try:
+        wait_for(lambda: _count(db_url, "SELECT count(*) FROM test_flow_runs") >= 20)
+        with psycopg.connect(db_url) as conn:
+            late = enqueue(conn, "flow_fair", {"tenant": "late"})
+            conn.commit()
+        wait_for(lambda: _count(db_url, "SELECT count(*) FROM test_flow_runs WHERE job_id = %s", late.id))
+        bulk_left = _count(db_url, "SELECT count(*) FROM outboxq_jobs WHERE limit_key = 'bulk' "
+                                   "AND status = 'queued'")
+    finally:
+        _stop(worker)
+    assert bulk_left > 2000
+
+
+def test_sigkilled_workers_slots_come_back_once_its_leases_expire(db_url, tmp_path):
+    _fill(db_url, "flow_kill", [{"hang_first": True}, {"hang_first": True}, *({"sleep": 0.05} for _ in range(6))])
+    victim = _start_worker(db_url, tmp_path / "victim.log", "flow_kill", "--concurrency", "4")
+    survivor = None
+    try:
+        # Both slots are taken by the hanging jobs: nothing else starts.
+        wait_for(lambda: _count(db_url, "SELECT count(*) FROM test_flow_runs") == 2)
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=10)
+        survivor = _start_worker(db_url, tmp_path / "survivor.log", "flow_kill", "--concurrency", "4")
+        wait_for(lambda: _all_done(db_url, "flow_kill", 8), timeout=60)
+    finally:
+        _stop(victim, survivor)
+    runs = _runs(db_url)
+    killed = [r for r in runs if r["pid"] == victim.pid]
+    assert len(killed) == 2 and all(r["finished_at"] is None for r in killed)
+    # The killed runs held their slots until their leases expired; no more than 2 ran at once meanwhile.
+    lease_end = max(r["started_at"] for r in killed) + timedelta(seconds=1)
+    assert _max_at_once([r for r in runs if r["finished_at"] is not None or r in killed], until=lease_end) <= 2
+
+
+def test_a_limit_changed_at_run_time_takes_effect(db_url, tmp_path, capsys):
+    _fill(db_url, "flow_runtime", [{"sleep": 0.1} for _ in range(60)])
+    worker = _start_worker(db_url, tmp_path / "w.log", "flow_runtime", "--concurrency", "4")
+    try:
+        wait_for(lambda: _count(db_url, "SELECT count(*) FROM test_flow_runs WHERE finished_at IS NOT NULL") >= 5)
+        assert cli.main(["queues", "limit", "flow_runtime", "--global-concurrency", "3"]) == 0
+        with psycopg.connect(db_url) as c:
+            changed_at = c.execute("SELECT clock_timestamp()").fetchone()[0]
+        wait_for(lambda: _all_done(db_url, "flow_runtime", 60), timeout=60)
+    finally:
+        _stop(worker)
+    runs = _runs(db_url)
+    assert _max_at_once([r for r in runs if r["started_at"] < changed_at]) == 1
+    assert _max_at_once(runs) == 3
+    assert cli.main(["queues"]) == 0
+    assert "flow_runtime" in capsys.readouterr().out
+
+
+def test_limit_key_given_to_enqueue_overrides_limit_by_and_bad_limits_are_refused(db_url):
+    with psycopg.connect(db_url) as conn:
+        job = enqueue(conn, "flow_per_key", {"tenant": "a"}, limit_key="vip")
+        assert conn.execute("SELECT limit_key FROM outboxq_jobs WHERE id = %s", (job.id,)).fetchone() == ("vip",)
+        # A queue without limit_by stores no key (and so costs the per-key index nothing).
+        plain = enqueue(conn, "flow_global", {"tenant": "a"})
+        assert conn.execute("SELECT limit_key FROM outboxq_jobs WHERE id = %s", (plain.id,)).fetchone() == (None,)
+    assert limits.parse_rate_limit("200/s") == (200, 1.0)
+    assert limits.parse_rate_limit("5/h") == (5, 3600.0)
+    for bad in ("10", "10/d", "-1/s", "x/s"):
+        with pytest.raises(InvalidLimit):
+            limits.parse_rate_limit(bad)
+    with pytest.raises(InvalidLimit):
+        Consumer("q", lambda p: None, global_concurrency=-1).limits  # noqa: B018
+
+
+def test_a_queue_without_limits_claims_with_the_unlimited_statement(db_url):
+    claimed_with = []
+
+    class Recording(Worker):
+        def claim(self, conn, consumer, limit, statement=None, **kw):
+            claimed_with.append(statement)
+            return super().claim(conn, consumer, limit, **({"statement": statement} if statement else {}), **kw)
+
+    with psycopg.connect(db_url) as conn:
+        enqueue_many(conn, "plain", [{} for _ in range(5)])
+        conn.commit()
+    worker = Recording([Consumer("plain", lambda p: None)], url=db_url, poll_interval=0.05,
+                       run_maintenance=False, listen=False).start()
+    try:
+        wait_for(lambda: _all_done(db_url, "plain", 5))
+    finally:
+        worker.stop(timeout=5)
+    assert claimed_with and set(claimed_with) == {None}
+    assert worker._limits == {}
