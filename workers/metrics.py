@@ -1,14 +1,20 @@
-"""A worker's own Prometheus metrics (prometheus-client), served by `outboxq worker --metrics-port PORT`.
+"""A worker's own Prometheus metrics, served by `outboxq worker --metrics-port PORT` (prometheus-client).
 
-Counted in the process, as handlers run, so a scrape costs no database work: handler runs started and
-finished by queue and outcome, handler durations, and the jobs this worker holds.
+Counted in the process, so a scrape costs no database work: handler runs started and finished by queue and
+outcome, handler durations, and the jobs this worker holds. The counting is kept off the hot path's cost:
+a handler thread adds one to a plain counter under a lock, the completer thread records a whole batch of
+outcomes at once, and prometheus-client builds the families only when scraped (a custom collector).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from bisect import bisect_left
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from outboxq.workers.executor import ClaimedJob, Outcome
 
@@ -31,31 +37,67 @@ def outcome_label(outcome: Outcome) -> str:
 class WorkerMetrics:
     """The metrics of one worker, in a registry of their own (several workers may share a process in tests)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None):
-        self.registry = registry or CollectorRegistry()
-        self.started = Counter("outboxq_worker_jobs_started", "Handler runs started, by queue",
-                               ["queue"], registry=self.registry)
-        self.finished = Counter("outboxq_worker_jobs_finished", "Handler runs finished, by queue and outcome",
-                                ["queue", "outcome"], registry=self.registry)
-        self.duration = Histogram("outboxq_worker_handler_duration_seconds", "Handler run time, by queue",
-                                  ["queue"], buckets=DURATION_BUCKETS_S, registry=self.registry)
-        self.in_flight = Gauge("outboxq_worker_jobs_in_flight", "Jobs this worker holds the lease of",
-                               registry=self.registry)
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._started: dict[str, int] = defaultdict(int)
+        self._finished: dict[tuple[str, str], int] = defaultdict(int)
+        # queue -> [count per bucket (the last one is +Inf), sum of seconds]
+        self._durations: dict[str, list[float]] = {}
+        self._in_flight: Callable[[], int] = lambda: 0
+        self.registry = CollectorRegistry()
+        self.registry.register(self)
+        self.port: int | None = None
 
     def job_started(self, job: ClaimedJob) -> None:
-        """Count a handler run that starts."""
-        self.started.labels(job.queue).inc()
+        """Count a handler run that starts (called on the handler's thread)."""
+        with self._lock:
+            self._started[job.queue] += 1
 
-    def job_finished(self, outcome: Outcome) -> None:
-        """Count a handler run that ended, and its duration."""
-        self.finished.labels(outcome.job.queue, outcome_label(outcome)).inc()
-        self.duration.labels(outcome.job.queue).observe(outcome.duration_s)
+    def jobs_finished(self, outcomes: Iterable[Outcome]) -> None:
+        """Count handler runs that ended, and their durations (called once per written batch)."""
+        with self._lock:
+            for outcome in outcomes:
+                queue = outcome.job.queue
+                self._finished[(queue, outcome_label(outcome))] += 1
+                histogram = self._durations.get(queue)
+                if histogram is None:
+                    histogram = self._durations[queue] = [0.0] * (len(DURATION_BUCKETS_S) + 2)
+                histogram[bisect_left(DURATION_BUCKETS_S, outcome.duration_s)] += 1
+                histogram[-1] += outcome.duration_s
 
     def track_in_flight(self, read: Callable[[], int]) -> None:
         """Read the in-flight count at each scrape."""
-        self.in_flight.set_function(read)
+        self._in_flight = read
+
+    def collect(self) -> Iterator[Metric]:
+        """The metric families, built at scrape time (the prometheus-client collector protocol)."""
+        with self._lock:
+            started = dict(self._started)
+            finished = dict(self._finished)
+            durations = {q: list(h) for q, h in self._durations.items()}
+        family = CounterMetricFamily("outboxq_worker_jobs_started", "Handler runs started, by queue",
+                                     labels=["queue"])
+        for queue, n in sorted(started.items()):
+            family.add_metric([queue], n)
+        yield family
+        family = CounterMetricFamily("outboxq_worker_jobs_finished", "Handler runs finished, by queue and outcome",
+                                     labels=["queue", "outcome"])
+        for (queue, outcome), n in sorted(finished.items()):
+            family.add_metric([queue, outcome], n)
+        yield family
+        histogram = HistogramMetricFamily("outboxq_worker_handler_duration_seconds", "Handler run time, by queue",
+                                          labels=["queue"])
+        for queue, counts in sorted(durations.items()):
+            cumulative, buckets = 0.0, []
+            for bound, n in zip([*map(str, DURATION_BUCKETS_S), "+Inf"], counts[:-1], strict=True):
+                cumulative += n
+                buckets.append((bound, cumulative))
+            histogram.add_metric([queue], buckets, counts[-1])
+        yield histogram
+        yield GaugeMetricFamily("outboxq_worker_jobs_in_flight", "Jobs this worker holds the lease of",
+                                value=self._in_flight())
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
-        """Serve /metrics on host:port from a daemon thread (0 picks a free port: see `port`)."""
+        """Serve /metrics on host:port from a daemon thread (0 picks a free port, then in `port`)."""
         server, _thread = start_http_server(port, addr=host, registry=self.registry)
         self.port = server.server_port

@@ -372,7 +372,6 @@ class Worker:
             self.metrics.job_started(job)
             outcome = executor.execute(job, self._async_loop)
             job.finished = True  # no more heartbeats or stack dumps for it
-            self.metrics.job_finished(outcome)
             self._outcomes.put(outcome)
 
     def _release_unstarted(self) -> None:
@@ -425,6 +424,7 @@ class Worker:
                     if conn is None or conn.closed:
                         conn = self._connect()
                     self.write_outcomes(conn, pending)
+                    self.metrics.jobs_finished(pending)
                     pending = []
                 except psycopg.Error as exc:
                     log.warning("completer: database error (%s); retrying", exc)
