@@ -76,7 +76,9 @@ def check(request: Request, credentials: HTTPAuthorizationCredentials | None, sc
     if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
         raise ApiProblem(401, "unauthorized", "send Authorization: Bearer <token> (tokens come from "
                          "OUTBOXQ_API_TOKENS)", {"WWW-Authenticate": "Bearer"})
-    principal = authenticate(request.app.state.tokens, credentials.credentials)
+    from outboxq.api.routing import api_state  # routing imports this module (TokenEntry)
+
+    principal = authenticate(api_state(request).tokens, credentials.credentials)
     if principal is None:
         raise ApiProblem(401, "unauthorized", "unknown token", {"WWW-Authenticate": "Bearer"})
     if scope not in principal.scopes:

@@ -11,19 +11,22 @@ from fastapi import Depends, Header, Path, Request
 from fastapi.responses import JSONResponse
 from psycopg_pool import ConnectionPool
 
+from outboxq.api.routing import api_state
 from outboxq.queue import idempotency
 from outboxq.queue.enqueue import QUEUE_NAME_PATTERN
 from outboxq.settings import Settings
 
 
 def get_settings_of_app(request: Request) -> Settings:
-    """The settings the app was created with."""
-    return request.app.state.settings
+    """The settings the API was created with."""
+    return api_state(request).settings
 
 
 def get_pool(request: Request) -> ConnectionPool:
-    """The app's psycopg connection pool (opened in the lifespan)."""
-    return request.app.state.pool
+    """The API's psycopg connection pool (opened in the router's lifespan)."""
+    pool = api_state(request).pool
+    assert pool is not None, "the outboxq router's lifespan has not run"
+    return pool
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings_of_app)]

@@ -14,8 +14,6 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from outboxq import errors
-from outboxq.queue.feed import InvalidMarker
-from outboxq.queue.idempotency import IdempotencyKeyReused
 
 log = logging.getLogger("outboxq.api")
 
@@ -47,8 +45,8 @@ STATUS_BY_ERROR: list[tuple[type[Exception], int]] = [
     (errors.DuplicateJob, 409),
     (errors.InvalidTransition, 409),
     (errors.LeaseLost, 409),
-    (IdempotencyKeyReused, 409),
-    (InvalidMarker, 400),
+    (errors.IdempotencyKeyReused, 409),
+    (errors.InvalidMarker, 400),
     (errors.UnknownDependency, 422),
     (errors.InvalidPayload, 422),
     (errors.InvalidInput, 422),
@@ -110,53 +108,50 @@ def validation_message(exc: RequestValidationError) -> tuple[int, str, str]:
     return 422, "invalid_request", "; ".join(messages) + more
 
 
-def install(app: FastAPI) -> None:
-    """Register the exception handlers on `app`."""
-
-    @app.exception_handler(ApiProblem)
-    async def _api_problem(request: Request, exc: ApiProblem) -> JSONResponse:
+def response_for(request: Request, exc: Exception) -> JSONResponse:
+    """The error response of any exception a route raised: the one mapping, used by the app's exception
+    handlers (create_app) and by the router's own route class (create_router in someone else's app)."""
+    if isinstance(exc, ApiProblem):
         return error_json(exc.status, exc.code, exc.message, exc.headers)
-
-    @app.exception_handler(errors.OutboxqError)
-    async def _outboxq_error(request: Request, exc: errors.OutboxqError) -> JSONResponse:
+    if isinstance(exc, errors.OutboxqError):
         return error_json(status_of(exc), exc.code, str(exc))
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+    if isinstance(exc, RequestValidationError):
         status, code, message = validation_message(exc)
         return error_json(status, code, message)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    if isinstance(exc, StarletteHTTPException):
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
         if exc.status_code == 404 and message == "Not Found":
             message = f"no route {request.url.path}; see /docs for the API"
         return error_json(exc.status_code, code, message, getattr(exc, "headers", None))
-
-    @app.exception_handler(psycopg.errors.DataError)
-    async def _data_error(request: Request, exc: psycopg.errors.DataError) -> JSONResponse:
+    if isinstance(exc, psycopg.errors.DataError):
         # Values PostgreSQL cannot store (a NUL character in text, a number out of range...).
         first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return error_json(422, "invalid_input", f"the database rejected a value: {first_line}")
-
-    @app.exception_handler(UnicodeError)
-    async def _unicode_error(request: Request, exc: UnicodeError) -> JSONResponse:
+    if isinstance(exc, UnicodeError):
         return error_json(422, "invalid_input", "a string holds characters that are not valid Unicode "
                                                 "(for example a lone surrogate); send valid UTF-8")
-
-    @app.exception_handler(psycopg_pool.PoolTimeout)
-    async def _pool_timeout(request: Request, exc: psycopg_pool.PoolTimeout) -> JSONResponse:
+    if isinstance(exc, psycopg_pool.PoolTimeout):
         return error_json(503, "database_unavailable", "no database connection is available; retry later",
                           {"Retry-After": "1"})
-
-    @app.exception_handler(psycopg.OperationalError)
-    async def _operational(request: Request, exc: psycopg.OperationalError) -> JSONResponse:
+    if isinstance(exc, psycopg.OperationalError):
         log.warning("database unavailable: %s", exc)
         return error_json(503, "database_unavailable", "the database is unavailable; retry later",
                           {"Retry-After": "1"})
+    log.exception("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
+    return error_json(500, "internal_error", "an unexpected error occurred; it has been logged")
 
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unexpected error on %s %s", request.method, request.url.path)
-        return error_json(500, "internal_error", "an unexpected error occurred; it has been logged")
+
+# The exception classes the app-level handlers are registered for (response_for maps each).
+HANDLED = (ApiProblem, errors.OutboxqError, RequestValidationError, StarletteHTTPException,
+           psycopg.errors.DataError, UnicodeError, psycopg_pool.PoolTimeout, psycopg.OperationalError, Exception)
+
+
+def install(app: FastAPI) -> None:
+    """Register the exception handlers on `app`."""
+
+    async def handle(request: Request, exc: Exception) -> JSONResponse:
+        return response_for(request, exc)
+
+    for cls in HANDLED:
+        app.add_exception_handler(cls, handle)

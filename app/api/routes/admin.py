@@ -8,10 +8,11 @@ from fastapi.responses import JSONResponse
 from outboxq.api.auth import scoped
 from outboxq.api.deps import JobId, PoolDep, QueueName, transaction
 from outboxq.api.errors import error_responses
+from outboxq.api.routing import OutboxqRoute
 from outboxq.api.schemas import JobPublic, QueueState, RetriedCount, job_public
 from outboxq.queue import admin
 
-router = APIRouter(tags=["admin"])
+router = APIRouter(tags=["admin"], route_class=OutboxqRoute)
 
 
 @router.post("/v1/jobs/{job_id}/retry", response_model=JobPublic, **scoped("admin"),

@@ -8,10 +8,11 @@ from fastapi.responses import JSONResponse
 from outboxq.api.auth import scoped
 from outboxq.api.deps import PoolDep, transaction
 from outboxq.api.errors import error_json, error_responses
+from outboxq.api.routing import OutboxqRoute, api_state
 from outboxq.api.schemas import Health, Liveness, Readiness
 from outboxq.queue.migrate import head_revision, revision_on
 
-router = APIRouter(tags=["health"])
+router = APIRouter(tags=["health"], route_class=OutboxqRoute)
 
 READINESS_TIMEOUT_S = 2.0
 
@@ -25,7 +26,7 @@ def liveness() -> JSONResponse:
 @router.get("/readyz", response_model=Readiness, responses=error_responses())
 def readiness(request: Request) -> JSONResponse:
     """Ready when the database answers and its schema is current; 503 otherwise."""
-    pool = request.app.state.pool
+    pool = api_state(request).pool
     try:
         with pool.connection(timeout=READINESS_TIMEOUT_S) as conn:
             revision = revision_on(conn)
@@ -43,5 +44,5 @@ def readiness(request: Request) -> JSONResponse:
 def queue_health(request: Request, pool: PoolDep) -> JSONResponse:
     """Healthy, or which queues have been in error for too long and since when."""
     with transaction(pool) as conn:
-        report = request.app.state.health_monitor.check(conn)
+        report = api_state(request).health_monitor.check(conn)
     return JSONResponse(report)

@@ -20,13 +20,14 @@ from outboxq.api.deps import (
     transaction,
 )
 from outboxq.api.errors import ApiProblem, error_responses
+from outboxq.api.routing import OutboxqRoute, api_state
 from outboxq.api.schemas import JobBatchCreate, JobBatchPublic, JobCreate, JobPage, JobPublic, job_public
 from outboxq.errors import InvalidInput, JobNotFound
 from outboxq.queue import admin, feed
 from outboxq.queue.enqueue import enqueue, enqueue_many, get_job
 from outboxq.queue.jobs import JobStatus
 
-router = APIRouter(tags=["jobs"])
+router = APIRouter(tags=["jobs"], route_class=OutboxqRoute)
 
 
 def check_payload_size(payload: Any, limit: int, where: str = "payload") -> None:
@@ -141,7 +142,7 @@ def list_jobs(
 ) -> JSONResponse:
     """A page of the queue's jobs in enqueue order; markers never skip or repeat a job."""
     with transaction(pool) as conn:
-        page = feed.list_page(conn, request.app.state.marker_secret, queue, marker=marker, limit=limit,
+        page = feed.list_page(conn, api_state(request).marker_secret, queue, marker=marker, limit=limit,
                               status=status)
     return JSONResponse({"items": [job_public(i.job, i.marker) for i in page.items],
                          "next_marker": page.next_marker})

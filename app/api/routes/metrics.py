@@ -11,9 +11,10 @@ from fastapi.security import HTTPAuthorizationCredentials
 from outboxq.api.auth import check
 from outboxq.api.deps import PoolDep, transaction
 from outboxq.api.errors import error_responses
+from outboxq.api.routing import OutboxqRoute, api_state
 from outboxq.queue import admin
 
-router = APIRouter(tags=["metrics"])
+router = APIRouter(tags=["metrics"], route_class=OutboxqRoute)
 
 HISTOGRAM_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
@@ -59,7 +60,7 @@ class _Exposition:
             openapi_extra={"x-required-scope": "none (or read when metrics_public is false)"})
 def metrics(request: Request, pool: PoolDep) -> PlainTextResponse:
     """Prometheus metrics: jobs per queue and status, depth, failures, rescues, processing-time histogram."""
-    if not request.app.state.settings.metrics_public:
+    if not api_state(request).settings.metrics_public:
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
         credentials = HTTPAuthorizationCredentials(scheme=scheme, credentials=token.strip()) if header else None

@@ -10,10 +10,11 @@ from fastapi.responses import JSONResponse
 from outboxq.api.auth import scoped
 from outboxq.api.deps import PoolDep, QueueName, transaction
 from outboxq.api.errors import error_responses
+from outboxq.api.routing import OutboxqRoute
 from outboxq.api.schemas import JobList, QueueList, job_public
 from outboxq.queue import admin
 
-router = APIRouter(tags=["queues"])
+router = APIRouter(tags=["queues"], route_class=OutboxqRoute)
 
 
 @router.get("/v1/queues", response_model=QueueList, **scoped("read"), responses=error_responses(401, 403))

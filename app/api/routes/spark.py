@@ -11,9 +11,10 @@ from fastapi.responses import JSONResponse
 from outboxq.api.auth import scoped
 from outboxq.api.deps import PoolDep, transaction
 from outboxq.api.errors import ApiProblem, error_responses
+from outboxq.api.routing import OutboxqRoute
 from outboxq.api.schemas import SparkBatchCreate, SparkBatchCreated
 
-router = APIRouter(tags=["spark"])
+router = APIRouter(tags=["spark"], route_class=OutboxqRoute)
 
 # Read straight from the table: listing works even where the spark extra is not installed.
 LIST_BATCHES = """

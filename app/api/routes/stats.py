@@ -11,10 +11,11 @@ from fastapi.responses import JSONResponse
 from outboxq.api.auth import scoped
 from outboxq.api.deps import PoolDep, transaction
 from outboxq.api.errors import error_responses
+from outboxq.api.routing import OutboxqRoute
 from outboxq.api.schemas import QUEUE_PATTERN, StatsList
 from outboxq.queue import admin
 
-router = APIRouter(tags=["stats"])
+router = APIRouter(tags=["stats"], route_class=OutboxqRoute)
 
 AgeDays = Annotated[float, Query(gt=0, le=3650, allow_inf_nan=False, description="Window, in days")]
 QueueFilter = Annotated[str | None, Query(pattern=QUEUE_PATTERN, description="Only this queue")]

@@ -1,0 +1,89 @@
+"""What outboxq's routes carry with them, so that they work in outboxq's own app and in anyone else's:
+the run-time state (one object on `app.state.outboxq`) and a route class that enforces the body limits and
+answers every error in outboxq's JSON shape (the including app's exception handlers are not ours)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request, Response
+from fastapi.routing import APIRoute
+from psycopg_pool import ConnectionPool
+
+from outboxq.api import errors
+from outboxq.api.auth import TokenEntry
+from outboxq.queue.admin import HealthMonitor
+from outboxq.settings import Settings
+
+# Room for the envelope (key, depends_on, options) around a payload at the size limit.
+REQUEST_OVERHEAD_BYTES = 256 * 1024
+
+
+@dataclass
+class ApiState:
+    """The API's run-time state: settings, tokens, marker key, health monitor and (once opened) the pool."""
+
+    settings: Settings
+    tokens: list[TokenEntry]
+    marker_secret: bytes
+    health_monitor: HealthMonitor
+    pool: ConnectionPool | None = field(default=None)
+
+    def body_limit(self, batch: bool) -> int:
+        """The largest request body a route accepts (batch routes take several payloads)."""
+        single = self.settings.max_payload_bytes + REQUEST_OVERHEAD_BYTES
+        if not batch:
+            return single
+        return max(single, self.settings.max_payload_bytes * 4 + REQUEST_OVERHEAD_BYTES, 32 * 1024 * 1024)
+
+
+def api_state(request: Request) -> ApiState:
+    """The state of the outboxq API serving this request (set by the router's lifespan)."""
+    return request.app.state.outboxq
+
+
+class OutboxqRoute(APIRoute):
+    """An APIRoute that refuses oversized bodies (413) before parsing and maps every error it raises."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        """The route's handler, wrapped: body limit first, then outboxq's error mapping around it."""
+        handle = super().get_route_handler()
+        batch = self.path.endswith("/batch")
+
+        async def handler(request: Request) -> Response:
+            try:
+                too_large = await _refuse_oversized_body(request, api_state(request).body_limit(batch))
+                if too_large is not None:
+                    return too_large
+                return await handle(request)
+            except Exception as exc:  # every error answers in outboxq's shape, whoever's app this is
+                return errors.response_for(request, exc)
+
+        return handler
+
+
+async def _refuse_oversized_body(request: Request, limit: int) -> Response | None:
+    """A 413 response when the body is over `limit` bytes, read no further than that; else None."""
+    length = request.headers.get("content-length")
+    if length is not None:
+        if length.isdigit() and int(length) <= limit:
+            return None
+        return _too_large(limit)
+    if request.method not in ("POST", "PUT", "PATCH"):
+        return None
+    # Chunked: read up to the limit, then hand the body to FastAPI (Request.body() returns `_body` when set).
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return _too_large(limit)
+        chunks.append(chunk)
+    request._body = b"".join(chunks)
+    return None
+
+
+def _too_large(limit: int) -> Response:
+    return errors.error_json(413, "request_too_large",
+                             f"the request body is over {limit} bytes; send smaller payloads or batches")
