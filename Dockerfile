@@ -15,6 +15,7 @@ FROM python:3.11-slim AS runtime
 RUN useradd --create-home --uid 10001 outboxq
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
+COPY --chown=outboxq examples/shop /home/outboxq/shop
 USER outboxq
 WORKDIR /home/outboxq
 ENV OUTBOXQ_HOST=0.0.0.0 OUTBOXQ_PORT=8000

@@ -102,7 +102,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     url = _url()
     upgrade(url)
-    return run_demo(url, orders=args.orders)
+    return run_demo(url, orders=args.orders, example_dir=args.example_dir)
 
 
 def cmd_queues(args: argparse.Namespace) -> int:
@@ -251,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="run the demo on the embedded (or configured) PostgreSQL")
     p.add_argument("--orders", type=int, default=300)
+    p.add_argument("--example-dir", help="the example shop's folder (default: ./examples/shop)")
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("queues", help="queues and their job counts, limits and usage")

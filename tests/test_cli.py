@@ -39,7 +39,7 @@ def test_migrate_then_demo_runs_and_reports_a_correct_summary(pg_server_url):
         assert "demo OK" in demo.stdout
         with psycopg.connect(url) as c:
             statuses = dict(c.execute("SELECT status, count(*) FROM outboxq_jobs GROUP BY 1").fetchall())
-            effects = c.execute("SELECT count(*), count(DISTINCT tag) FROM outboxq_demo_effects").fetchone()
+            effects = c.execute("SELECT count(*), count(DISTINCT tag) FROM shop_effects").fetchone()
         assert set(statuses) == {"done"}
         assert effects[0] == effects[1] == statuses["done"]
 

@@ -1,31 +1,20 @@
-"""Example handlers used by `outboxq demo` (and a starting point for your own).
+"""The shop's job handlers (`outboxq worker --handlers app.handlers`, from examples/shop).
 
-Each handler writes its effect with ctx.transaction(), so the effect and the job's completion commit
-together: exactly once, whatever fails.
+Each writes its effect with ctx.transaction(): the effect and the job's completion commit together, so it
+happens exactly once, whatever fails.
 """
 
 from __future__ import annotations
 
-from outboxq.workers import JobContext, consumer
-
-EFFECTS_TABLE_DDL = """
-CREATE TABLE IF NOT EXISTS outboxq_demo_effects (
-    tag text PRIMARY KEY,
-    job_id bigint NOT NULL,
-    queue text NOT NULL,
-    attempt int NOT NULL,
-    written_at timestamptz NOT NULL DEFAULT now()
-)
-"""
+from outboxq import JobContext, consumer
 
 
 def record_effect(payload: dict, ctx: JobContext) -> None:
     """Write the job's effect row and complete the job in one transaction."""
+    tag = payload.get("tag") or f"order-confirmation:{payload['order_id']}"
     with ctx.transaction() as conn:
-        conn.execute(
-            "INSERT INTO outboxq_demo_effects (tag, job_id, queue, attempt) VALUES (%s, %s, %s, %s)",
-            (payload["tag"], ctx.job_id, ctx.queue, ctx.attempt),
-        )
+        conn.execute("INSERT INTO shop_effects (tag, job_id, queue, attempt) VALUES (%s, %s, %s, %s)",
+                     (tag, ctx.job_id, ctx.queue, ctx.attempt))
 
 
 @consumer("order-confirmation", backoff_base=0.2, backoff_max=2.0)

@@ -1,0 +1,1 @@
+"""The shop: an example application that embeds outboxq (its own `app` package, model and migrations)."""
