@@ -61,9 +61,9 @@ def test_every_scoped_route_answers_401_and_403(db_url):
 
 
 def test_admin_scope_implies_enqueue_and_read():
-    (entry,) = parse_tokens("tok:admin")
+    (entry,) = parse_tokens("tok-long-enough-123:admin")
     assert entry.scopes == {"admin", "enqueue", "read"}
-    (entry,) = parse_tokens(" tok:enqueue+read ")
+    (entry,) = parse_tokens(" tok-long-enough-123:enqueue+read ")
     assert entry.scopes == {"enqueue", "read"}
 
 
@@ -75,12 +75,12 @@ def test_a_malformed_token_spec_is_refused_without_showing_the_token(spec):
 
 
 def test_tokens_are_kept_only_as_digests_and_matched_exactly():
-    tokens = parse_tokens("alpha-token:read,beta-token:admin")
+    tokens = parse_tokens("alpha-token-0123456:read,beta-token-01234567:admin")
     assert all(b"alpha-token" not in repr(t).encode() for t in tokens)
-    assert authenticate(tokens, "alpha-token").scopes == {"read"}
-    assert authenticate(tokens, "beta-token").scopes == {"admin", "enqueue", "read"}
-    assert authenticate(tokens, "alpha-toke") is None
-    assert authenticate(tokens, "alpha-token ") is None
+    assert authenticate(tokens, "alpha-token-0123456").scopes == {"read"}
+    assert authenticate(tokens, "beta-token-01234567").scopes == {"admin", "enqueue", "read"}
+    assert authenticate(tokens, "alpha-token-012345") is None
+    assert authenticate(tokens, "alpha-token-0123456 ") is None
 
 
 def test_tokens_never_appear_in_logs(db_url, caplog):
@@ -106,6 +106,13 @@ def test_serve_generates_and_prints_one_admin_token_when_none_is_configured(caps
     token = settings.api_tokens.rsplit(":", 1)[0]
     assert token in printed and printed.count(token) == 1
     assert entry.scopes == {"admin", "enqueue", "read"}
-    configured = Settings(api_tokens="mine:read")
+    configured = Settings(api_tokens="my-own-read-token-1:read")
     ensure_token(configured)
-    assert configured.api_tokens == "mine:read" and capsys.readouterr().err == ""
+    assert configured.api_tokens == "my-own-read-token-1:read" and capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("spec", ["Xq7:admin", "Zz9Zz9:read", "fifteen-chars-x:admin"])
+def test_tokens_shorter_than_16_characters_are_refused_at_start(spec):
+    with pytest.raises(ValueError, match="shorter than 16 characters") as refused:
+        parse_tokens(spec)
+    assert spec.split(":")[0] not in str(refused.value)  # the message never repeats the token

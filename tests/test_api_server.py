@@ -57,9 +57,9 @@ def _stop(process: subprocess.Popen) -> None:
 
 
 def test_served_api_over_real_http(db_url, tmp_path):
-    process, base, log = _start(db_url, tmp_path, "served-admin:admin,served-reader:read")
+    process, base, log = _start(db_url, tmp_path, "served-admin-token:admin,served-reader-token:read")
     try:
-        with Client(base, "served-admin", retries=0) as client:
+        with Client(base, "served-admin-token", retries=0) as client:
             job = client.enqueue("served", {"n": 1}, key="one")
             assert job.status == "queued" and client.get_job(job.id).payload == {"n": 1}
             with pytest.raises(Conflict):
@@ -70,11 +70,11 @@ def test_served_api_over_real_http(db_url, tmp_path):
             assert [j.id for j in page.items + rest.items] == [job.id, *[j.id for j in jobs]]
             client.pause("served")
             assert {q["queue"]: q["paused"] for q in client.queues()}["served"] is True
-        with Client(base, "served-reader", retries=0) as reader:
+        with Client(base, "served-reader-token", retries=0) as reader:
             with pytest.raises(Forbidden):
                 reader.enqueue("served", 1)
         r = httpx.post(f"{base}/v1/queues/served/jobs", content=b"{oops", timeout=5,
-                       headers={"Authorization": "Bearer served-admin", "Content-Type": "application/json"})
+                       headers={"Authorization": "Bearer served-admin-token", "Content-Type": "application/json"})
         assert r.status_code == 400 and r.json()["error"]["code"] == "malformed_json"
         assert httpx.get(f"{base}/metrics", timeout=5).status_code == 200
         assert job_count(db_url) == 4

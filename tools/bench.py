@@ -47,6 +47,20 @@ DB_PREFIX = "outboxq_bench"
 SUB_BENCHMARKS = ("drain", "enqueue", "latency", "backlog")
 DONE_POLL_S = 0.005
 
+
+def flow_drains(jobs: int) -> list[tuple[str, str, int, dict[str, Any]]]:
+    """The flow-control drains of `--limits`: (name, label, jobs, flow)."""
+    return [
+        ("outboxq_gc10000", "drain outboxq global_concurrency=10000 (not binding)", jobs,
+         {"consumer": {"global_concurrency": 10_000}}),
+        ("outboxq_per_key_gc10000", "drain outboxq limit_by, 100 keys, global_concurrency=10000 per key "
+         "(not binding)", jobs, {"consumer": {"global_concurrency": 10_000, "limit_by": "k"}, "keys": 100}),
+        ("outboxq_gc4_50ms", "drain outboxq global_concurrency=4, 100 jobs of 50 ms (allows 80 jobs/s)", 100,
+         {"consumer": {"global_concurrency": 4}, "sleep": 0.05}),
+        ("outboxq_rate200", "drain outboxq rate_limit=200/s, 5,000 no-op jobs", 5_000,
+         {"consumer": {"rate_limit": "200/s"}}),
+    ]
+
 # What "nothing left to run" means for each system (cheap: partial indexes / an emptied table).
 UNFINISHED_SQL = {
     "outboxq": "SELECT EXISTS (SELECT 1 FROM outboxq_jobs WHERE status IN ('queued', 'running', 'retrying'))",
@@ -449,17 +463,20 @@ class Bench:
 
     def drain(self, system: str, n: int, label: str, *, worker: dict[str, Any] | None = None,
               processes: int = 1, db_url: str | None = None, fill: bool = True,
-              profile: str | None = None) -> dict[str, Any]:
+              profile: str | None = None, flow: dict[str, Any] | None = None) -> dict[str, Any]:
         """Fill a fresh database with `n` no-op jobs, then time `processes` workers draining them.
 
         `profile`: "sample" samples the server side and the CPU split while draining (DrainProfiler);
         "cprofile" also runs the worker's threads under cProfile (outboxq only; slower).
+        `flow` (outboxq only, issue 14): {"consumer": flow-control options of the consumer, "keys": limit keys
+        the jobs cycle through, "sleep": seconds each handler sleeps}.
         """
+        flow = flow or {}
         url = db_url or self.fresh_db(system)
         fill_result = None
         if fill:
             self.progress.update(f"{label}: enqueueing {n:,} jobs", force=True)
-            fill_result = self.driver(system, "fill", url, n=n).wait_result(1800)
+            fill_result = self.driver(system, "fill", url, n=n, keys=flow.get("keys", 0)).wait_result(1800)
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("ANALYZE")  # as autovacuum would have done for a backlog that built up
         extra: dict[str, Any] = {}
@@ -467,7 +484,8 @@ class Bench:
             path = (Path(self.args.output).with_suffix(".drain.pstats") if self.args.output
                     else self.log_dir / "drain.pstats")
             extra = {"profile": "cprofile", "profile_path": str(path.resolve())}
-        drivers = [self.driver(system, "drain", url, worker=worker or {}, **extra) for _ in range(processes)]
+        drivers = [self.driver(system, "drain", url, worker=worker or {}, consumer=flow.get("consumer", {}),
+                               sleep=flow.get("sleep", 0.0), **extra) for _ in range(processes)]
         profiler: DrainProfiler | None = None
         try:
             for d in drivers:
@@ -640,7 +658,7 @@ class Bench:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        token = "bench-token"
+        token = "bench-token-long-enough"
         env = dict(os.environ, DATABASE_URL=url, OUTBOXQ_API_TOKENS=f"{token}:admin",
                    OUTBOXQ_PORT=str(port), OUTBOXQ_HOST="127.0.0.1")
         log = open(self.log_dir / "http.log", "w")  # noqa: SIM115
@@ -814,6 +832,10 @@ class Bench:
         steps: list[tuple[str, str, Callable[[], Any]]] = []
         if "drain" in wanted:
             steps.append(("drain", "outboxq", lambda: self.drain("outboxq", args.jobs, "drain outboxq defaults")))
+            if args.limits:  # flow control (issue 14): what a limit costs when it does not bind, and when it does
+                for name, label, n, flow in flow_drains(args.jobs):
+                    steps.append(("drain", name, lambda n=n, label=label, flow=flow: self.drain(
+                        "outboxq", n, label, flow=flow)))
             if args.compare:
                 steps.append(("drain", "pgqueuer_defaults", lambda: self.drain(
                     "pgqueuer", args.jobs, "drain pgqueuer defaults (batch 10, 1 process)")))
@@ -1210,6 +1232,10 @@ def register(sub: Any) -> None:
     p.add_argument("--profile", action="store_true",
                    help="after the rounds, two more outboxq drains: one sampled from outside (server activity, "
                         "CPU split), one under cProfile (saved beside --output as .drain.pstats)")
+    p.add_argument("--limits", action="store_true",
+                   help="with drain: also drain with flow control: non-binding global_concurrency=10000 "
+                        "(plain and per key over 100 keys), then the binding global_concurrency=4 on 100 jobs "
+                        "of 50 ms and rate_limit=200/s on 5,000 no-op jobs")
     p.add_argument("--max-seconds", type=float, default=180.0, help="time limit of one drain (default 180)")
     p.add_argument("--url", help="the PostgreSQL server (default: DATABASE_URL or the embedded one); "
                                  f"databases named {DB_PREFIX}_* are created and dropped there")

@@ -37,6 +37,10 @@ def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
 
 
+# A token short enough to guess is refused when the API starts.
+MIN_TOKEN_LENGTH = 16
+
+
 def parse_tokens(spec: str) -> list[TokenEntry]:
     """The tokens of an OUTBOXQ_API_TOKENS value; ValueError (not naming the token) when it is malformed."""
     entries = []
@@ -46,6 +50,10 @@ def parse_tokens(spec: str) -> list[TokenEntry]:
         token, sep, scope_text = item.rpartition(":")
         if not sep or not token:
             raise ValueError(f"OUTBOXQ_API_TOKENS entry {position} must look like token:scope+scope")
+        if len(token) < MIN_TOKEN_LENGTH:
+            raise ValueError(f"OUTBOXQ_API_TOKENS entry {position} is shorter than {MIN_TOKEN_LENGTH} characters; "
+                             "use a long random token (for example `python -c 'import secrets; "
+                             "print(secrets.token_urlsafe(32))'`)")
         scopes = {s.strip() for s in scope_text.split("+") if s.strip()}
         unknown = scopes - set(SCOPES)
         if not scopes or unknown:
