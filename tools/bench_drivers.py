@@ -126,11 +126,14 @@ def outboxq_fill(spec: dict[str, Any]) -> dict[str, Any]:
 
     from outboxq.queue.enqueue import enqueue_many
 
-    n, batch = spec["n"], spec.get("batch", 10_000)
+    n, batch, keys = spec["n"], spec.get("batch", 10_000), spec.get("keys", 0)
     started = time.perf_counter()
     with psycopg.connect(spec["url"]) as conn:
         for offset in range(0, n, batch):
-            enqueue_many(conn, QUEUE, [None] * min(batch, n - offset))
+            count = min(batch, n - offset)
+            # Flow control: jobs cycle through `keys` limit keys (given explicitly: no consumer is registered here).
+            limit_keys = [f"k{(offset + i) % keys}" for i in range(count)] if keys else None
+            enqueue_many(conn, QUEUE, [None] * count, limit_keys=limit_keys)
             conn.commit()
     elapsed = time.perf_counter() - started
     return {"n": n, "seconds": elapsed, "jobs_per_s": n / elapsed}
@@ -157,7 +160,8 @@ def outboxq_worker(spec: dict[str, Any], handler: Any) -> Any:
     from outboxq.workers.registry import Consumer
     from outboxq.workers.runner import Worker
 
-    return Worker([Consumer(queue=QUEUE, handler=handler)], url=spec["url"], **spec.get("worker", {}))
+    return Worker([Consumer(queue=QUEUE, handler=handler, **spec.get("consumer", {}))], url=spec["url"],
+                  **spec.get("worker", {}))
 
 
 def thread_cpu_s() -> dict[str, float]:
@@ -254,7 +258,11 @@ def outboxq_drain(spec: dict[str, Any]) -> dict[str, Any]:
     """
     counter = Counter()
 
+    sleep = spec.get("sleep", 0.0)
+
     def noop(payload: Any) -> None:
+        if sleep:
+            time.sleep(sleep)
         counter.add()
 
     profiles = None
