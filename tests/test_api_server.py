@@ -95,3 +95,16 @@ def test_served_api_generates_and_prints_an_admin_token_when_none_is_configured(
     finally:
         _stop(process)
     assert log.read_text().count(token) == 1
+
+
+def test_the_dashboard_is_served_with_its_security_headers(db_url):
+    from tests.api_support import api_client
+
+    with api_client(db_url, None) as client:
+        page = client.get("/ui/")
+        script = client.get("/ui/app.js")
+    assert page.status_code == 200 and "<script src=\"app.js\">" in page.text
+    for response in (page, script):
+        assert "frame-ancestors 'none'" in response.headers["content-security-policy"]
+        assert "default-src 'self'" in response.headers["content-security-policy"]
+        assert response.headers["x-content-type-options"] == "nosniff"
