@@ -6,6 +6,9 @@ ApiError family is what the HTTP client raises for an error answer.
 
 from __future__ import annotations
 
+# An error message names at most this many offending items, then says how many more there are.
+MAX_LISTED = 5
+
 
 class OutboxqError(Exception):
     """Base of every error outboxq raises on purpose."""
@@ -39,9 +42,10 @@ class UnknownDependency(OutboxqError):
 
     def __init__(self, missing: list[tuple[str, str]]):
         self.missing = missing
-        names = ", ".join(f"({q!r}, {k!r})" for q, k in missing)
+        names = ", ".join(f"({q!r}, {k!r})" for q, k in missing[:MAX_LISTED])
+        more = f" and {len(missing) - MAX_LISTED} more" if len(missing) > MAX_LISTED else ""
         super().__init__(
-            f"depends_on names jobs that do not exist: {names}; enqueue those first "
+            f"depends_on names jobs that do not exist: {names}{more}; enqueue those first "
             "(in the same transaction is fine)"
         )
 

@@ -193,3 +193,13 @@ def test_enqueue_many_without_keys_returns_what_was_stored_and_notifies_once(db_
     assert len({job.id for job in jobs}) == 503
     assert scheduled_notifications == []  # scheduled jobs are not ready: no wake-up
     assert [n.payload for n in ready_notifications] == ["copied"]
+
+
+def test_an_unknown_dependency_error_names_a_few_pairs_and_counts_the_rest(conn):
+    missing = [("emails", f"k{i}") for i in range(500)]
+    with pytest.raises(UnknownDependency) as refused:
+        enqueue(conn, "invoices", {}, depends_on=missing)
+    message = str(refused.value)
+    assert "('emails', 'k0')" in message and "('emails', 'k4')" in message and "'k5'" not in message
+    assert "and 495 more" in message and len(message) < 400
+    assert refused.value.missing == missing  # the whole list stays on the exception for code to read
