@@ -79,3 +79,10 @@ def test_rescue_reads_the_lease_index(history):
     plan = plan_of(history, sql.job_rescue_lock_expired, {"now": datetime.now(UTC), "limit": 1000})
     assert_no_seq_scan(plan)
     assert any(index == "outboxq_jobs_lease_idx" for _, index in scans_of_jobs(plan)), scans_of_jobs(plan)
+
+
+@pytest.mark.parametrize("name", ["metrics_unfinished_counts", "metrics_queue_lag"])
+def test_metrics_statements_never_scan_the_finished_history(history, name):
+    plan = plan_of(history, getattr(sql, name), {})
+    assert_no_seq_scan(plan)
+    assert scans_of_jobs(plan) and all(index is not None for _, index in scans_of_jobs(plan)), scans_of_jobs(plan)

@@ -542,3 +542,26 @@ SELECT pid FROM pg_locks
 WHERE locktype = 'advisory' AND granted AND objsubid = 2 AND classid = {MAINTENANCE_LOCK_CLASS}::oid
   AND objid = (hashtext(%(name)s)::bigint & 4294967295)::oid
 """
+
+# ---------------------------------------------------------------- metrics (GET /metrics): unfinished work only
+#
+# One branch per unfinished status, each matching a partial index's predicate, so the cost follows the
+# unfinished jobs and never the finished history (tests/test_query_plans.py checks the plans).
+metrics_unfinished_counts = """
+SELECT queue, 'queued' AS status, count(*) AS n FROM outboxq_jobs WHERE status = 'queued' GROUP BY queue
+UNION ALL
+SELECT queue, 'retrying', count(*) FROM outboxq_jobs WHERE status = 'retrying' GROUP BY queue
+UNION ALL
+SELECT queue, 'running', count(*) FROM outboxq_jobs WHERE status = 'running' GROUP BY queue
+UNION ALL
+SELECT queue, 'waiting', count(*) FROM outboxq_jobs WHERE status = 'waiting' GROUP BY queue
+"""
+
+# Queue lag: how long the oldest job that could run now has been ready (0 when none is).
+metrics_queue_lag = """
+SELECT queue, extract(epoch FROM now() - min(run_at))::float8 AS lag_s
+FROM outboxq_jobs WHERE status = 'queued' AND run_at <= now()
+GROUP BY queue
+"""
+
+metrics_queue_states = "SELECT queue, paused, failing_since IS NOT NULL AS failing FROM outboxq_queues"
