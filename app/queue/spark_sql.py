@@ -268,3 +268,10 @@ WHERE processor_id = %(processor_id)s AND created_at >= %(since)s
 ORDER BY id
 LIMIT 1000
 """
+
+# The API's listing reads straight from the table: it works where the spark extra is not installed.
+spark_batch_list = """
+SELECT id, queue, processor, output_table, batch_size, master, state, jobs_claimed, rows_written, error,
+       created_at, started_at, finished_at
+FROM outboxq_spark_batches ORDER BY id DESC LIMIT %(limit)s
+"""

@@ -13,15 +13,10 @@ from outboxq.api.deps import PoolDep, transaction
 from outboxq.api.errors import ApiProblem, error_responses
 from outboxq.api.routing import OutboxqRoute
 from outboxq.api.schemas import SparkBatchCreate, SparkBatchCreated
+from outboxq.queue import spark_sql
 
 router = APIRouter(tags=["spark"], route_class=OutboxqRoute)
 
-# Read straight from the table: listing works even where the spark extra is not installed.
-LIST_BATCHES = """
-SELECT id, queue, processor, output_table, batch_size, master, state, jobs_claimed, rows_written, error,
-       created_at, started_at, finished_at
-FROM outboxq_spark_batches ORDER BY id DESC LIMIT %(limit)s
-"""
 
 
 def _batches() -> Any:
@@ -36,7 +31,7 @@ def _batches() -> Any:
 def list_spark_batches(pool: PoolDep, limit: Annotated[int, Query(ge=1, le=500)] = 100) -> JSONResponse:
     """The latest Spark batches, newest first, with their state and counts."""
     with transaction(pool) as conn:
-        rows = conn.execute(LIST_BATCHES, {"limit": limit}).fetchall()
+        rows = conn.execute(spark_sql.spark_batch_list, {"limit": limit}).fetchall()
     return JSONResponse({"items": jsonable_encoder([dict(r) for r in rows])})
 
 
