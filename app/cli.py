@@ -169,8 +169,9 @@ def cmd_pause(args: argparse.Namespace) -> int:
 
 def cmd_jobs(args: argparse.Namespace) -> int:
     """Job operations: errors of a queue, retry, cancel, show."""
+    from outboxq import get_job
     from outboxq.db import connect
-    from outboxq.queue import admin, get_job
+    from outboxq.queue import admin
 
     with connect(_current_url()) as conn:
         if args.jobs_command == "errors":

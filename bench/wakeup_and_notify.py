@@ -27,8 +27,9 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from outboxq import enqueue  # noqa: E402
 from outboxq.db import database_url, url_with_database  # noqa: E402
-from outboxq.queue import enqueue, migrate  # noqa: E402
+from outboxq.queue import migrate
 from outboxq.workers.registry import Consumer  # noqa: E402
 from outboxq.workers.runner import Worker  # noqa: E402
 

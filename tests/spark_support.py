@@ -12,8 +12,8 @@ from typing import Any
 import psycopg
 from psycopg import sql as pgsql
 
+from outboxq import enqueue_many
 from outboxq.db import url_with_database
-from outboxq.queue import enqueue_many
 from outboxq.spark_jobs.consumer import Consumer, ConsumerConfig
 from outboxq.spark_jobs.processing import BatchEngine
 

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 from playwright.sync_api import sync_playwright
 
-from outboxq.queue import enqueue, get_job
+from outboxq import enqueue, get_job
 from outboxq.queue.jobs import JobStatus
 from outboxq.workers.registry import Consumer
 from outboxq.workers.runner import Worker

@@ -9,9 +9,9 @@ import pytest
 import sqlalchemy
 from sqlalchemy.orm import Session
 
+from outboxq import JobStatus, enqueue, enqueue_many, get_job
 from outboxq.db import create_engine
 from outboxq.errors import DuplicateJob, InvalidInput, InvalidPayload, UnknownDependency
-from outboxq.queue import JobStatus, enqueue, enqueue_many, get_job
 
 
 def count_jobs(url: str, queue: str | None = None) -> int:

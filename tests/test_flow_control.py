@@ -19,9 +19,9 @@ import pytest
 from psycopg.rows import dict_row
 
 import tests.handlers_flow  # noqa: F401 - registers the consumers: enqueue computes their limit keys
-from outboxq import cli
+from outboxq import cli, enqueue, enqueue_many
 from outboxq.errors import InvalidLimit
-from outboxq.queue import enqueue, enqueue_many, limits
+from outboxq.queue import limits
 from outboxq.workers.registry import Consumer
 from outboxq.workers.runner import Worker
 from tests.handlers_flow import RUNS_DDL

@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 from psycopg.rows import dict_row
 
+from outboxq import enqueue_many
 from outboxq.errors import InvalidTransition
-from outboxq.queue import admin, enqueue_many, sql
+from outboxq.queue import admin, sql
 from outboxq.queue.jobs import ALLOWED_TRANSITIONS, JobStatus
 from outboxq.workers.executor import ClaimedJob, Outcome
 from outboxq.workers.maintenance import rescue

@@ -10,7 +10,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 import tests.handlers_runtime  # noqa: F401 - registers its consumers
-from outboxq.queue import enqueue_many
+from outboxq import enqueue_many
 from outboxq.queue.backoff import RetryPolicy
 from outboxq.settings import Settings
 from outboxq.workers.registry import Consumer

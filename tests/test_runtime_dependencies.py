@@ -8,7 +8,8 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from outboxq.queue import admin, enqueue, get_job
+from outboxq import enqueue, get_job
+from outboxq.queue import admin
 from outboxq.queue.jobs import JobStatus
 from outboxq.testing import TestQueue
 from outboxq.workers.maintenance import promote, prune

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from outboxq.queue import enqueue, enqueue_many, get_job
+from outboxq import enqueue, enqueue_many, get_job
 from outboxq.queue.jobs import JobStatus
 from outboxq.settings import get_settings
 from outboxq.workers.executor import execute

@@ -16,8 +16,9 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
+from outboxq import enqueue, enqueue_many, get_job
 from outboxq.errors import InvalidTransition
-from outboxq.queue import admin, enqueue, enqueue_many, get_job, sql
+from outboxq.queue import admin, sql
 from outboxq.queue.jobs import JobStatus
 from outboxq.testing import JobFailed, TestQueue
 from outboxq.workers.maintenance import prune

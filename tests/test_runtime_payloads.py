@@ -10,9 +10,9 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
+from outboxq import enqueue, enqueue_many, get_job
 from outboxq.errors import InvalidPayload
 from outboxq.queue import context as job_context
-from outboxq.queue import enqueue, enqueue_many, get_job
 from outboxq.queue.jobs import JobStatus
 from outboxq.testing import TestQueue
 from outboxq.workers.context import delivery_hash

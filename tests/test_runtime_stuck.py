@@ -11,7 +11,7 @@ import pytest
 from psycopg.rows import dict_row
 
 import tests.handlers_runtime  # noqa: F401 - registers its consumers
-from outboxq.queue import enqueue
+from outboxq import enqueue
 from outboxq.workers import executor
 from outboxq.workers.executor import AsyncLoop
 from outboxq.workers.registry import Consumer

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 from psycopg.rows import dict_row
 
-from outboxq.queue import enqueue
+from outboxq import enqueue
 from outboxq.testing import TestQueue
 from outboxq.workers.registry import Consumer, register
 from outboxq.workers.runner import Worker

@@ -13,7 +13,7 @@ from decimal import Decimal
 import psycopg
 import pytest
 
-from outboxq.queue import get_job
+from outboxq import get_job
 from outboxq.spark_jobs import delivery, examples
 from outboxq.spark_jobs.consumer import processor_id_for
 from outboxq.spark_jobs.delivery import (

@@ -12,7 +12,7 @@ import threading
 import psycopg
 import pytest
 
-from outboxq.queue import get_job
+from outboxq import get_job
 from outboxq.spark_jobs import delivery
 from outboxq.spark_jobs.delivery import (
     STEP_AFTER_COMMIT,

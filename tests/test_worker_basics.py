@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from outboxq.queue import JobStatus, enqueue, enqueue_many, get_job
+from outboxq import JobStatus, enqueue, enqueue_many, get_job
 from outboxq.workers.executor import execute
 from outboxq.workers.maintenance import rescue
 from outboxq.workers.registry import Consumer

@@ -28,8 +28,8 @@ from typing import Any
 
 import psycopg
 
+from outboxq import enqueue
 from outboxq.db import url_with_database, url_with_user
-from outboxq.queue import enqueue
 from outboxq.queue.migrate import upgrade
 from outboxq.queue.roles import create_app_role, drop_app_role
 from outboxq.tools.chaos_handlers import CHAOS_LEASE_S, EFFECTS_TABLE_DDL

@@ -14,8 +14,8 @@ from typing import Any
 
 from psycopg import sql as pgsql
 
+from outboxq import enqueue_many
 from outboxq.db import connect, database_url
-from outboxq.queue import enqueue_many
 from outboxq.spark_jobs import examples
 from outboxq.spark_jobs.consumer import Consumer, ConsumerConfig
 from outboxq.spark_jobs.processing import BatchEngine, PythonEngine, SparkEngine
