@@ -3,7 +3,8 @@
 Counted in the process, so a scrape costs no database work: handler runs started and finished by queue and
 outcome, handler durations, and the jobs this worker holds. The counting is kept off the hot path's cost:
 a handler thread adds one to a plain counter under a lock, the completer thread records a whole batch of
-outcomes at once, and prometheus-client builds the families only when scraped (a custom collector).
+outcomes at once, and prometheus-client builds the families only when scraped (a custom collector). A
+handler thread counts its starts in a counter of its own: no lock on the handler's path.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ class WorkerMetrics:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._started: dict[str, int] = defaultdict(int)
+        # One started-counter per handler thread (only that thread writes it; a scrape adds them up).
+        self._local = threading.local()
+        self._started_by_thread: list[dict[str, int]] = []
         self._finished: dict[tuple[str, str], int] = defaultdict(int)
         # queue -> [count per bucket (the last one is +Inf), sum of seconds]
         self._durations: dict[str, list[float]] = {}
@@ -50,8 +53,12 @@ class WorkerMetrics:
 
     def job_started(self, job: ClaimedJob) -> None:
         """Count a handler run that starts (called on the handler's thread)."""
-        with self._lock:
-            self._started[job.queue] += 1
+        counts = getattr(self._local, "started", None)
+        if counts is None:
+            counts = self._local.started = defaultdict(int)
+            with self._lock:
+                self._started_by_thread.append(counts)
+        counts[job.queue] += 1
 
     def jobs_finished(self, outcomes: Iterable[Outcome]) -> None:
         """Count handler runs that ended, and their durations (called once per written batch)."""
@@ -72,7 +79,10 @@ class WorkerMetrics:
     def collect(self) -> Iterator[Metric]:
         """The metric families, built at scrape time (the prometheus-client collector protocol)."""
         with self._lock:
-            started = dict(self._started)
+            started: dict[str, int] = defaultdict(int)
+            for counts in self._started_by_thread:
+                for queue, n in list(counts.items()):
+                    started[queue] += n
             finished = dict(self._finished)
             durations = {q: list(h) for q, h in self._durations.items()}
         family = CounterMetricFamily("outboxq_worker_jobs_started", "Handler runs started, by queue",
