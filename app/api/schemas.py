@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
@@ -36,6 +36,13 @@ class JobCreate(RequestModel):
     delay_seconds: float | None = Field(None, ge=0, le=MAX_DELAY_S, allow_inf_nan=False)
     priority: int = Field(0, ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1], description="Lower runs first")
     max_attempts: int | None = Field(None, ge=0, le=1_000_000, description="0 retries forever")
+    unique: Literal["forever", "active"] | Annotated[float, Field(gt=0, le=MAX_DELAY_S, allow_inf_nan=False)] = Field(
+        "forever", description="How long the key blocks another job with it: 'forever' (while the job exists), "
+        "'active' (while it is unfinished) or a number of seconds since it was enqueued; needs a key")
+    on_conflict: Literal["raise", "ignore"] = Field(
+        "raise", description="When the key is held: 'raise' answers 409, 'ignore' returns the job holding it")
+    on_dependency_failure: Literal["wait", "cancel", "run"] = Field(
+        "wait", description="When a dependency ends dead or cancelled: keep waiting, cancel this job, or run it")
 
 
 class JobBatchCreate(RequestModel):
@@ -63,6 +70,10 @@ class JobPublic(BaseModel):
     created_at: str | None = None
     started_at: str | None = None
     finished_at: str | None = None
+    snoozes: int = 0
+    result: Any = Field(None, description="The handler's return value (JSON), once the job is done")
+    progress: float | None = Field(None, description="0.0-1.0, as the handler last reported it")
+    progress_message: str | None = None
     marker: str | None = Field(None, description="In listings: pass it as ?marker= to continue after this job")
 
 

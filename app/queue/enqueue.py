@@ -71,6 +71,34 @@ def validate_key(key: Any) -> str | None:
     return key
 
 
+UNIQUE_MODES = ("forever", "active")
+ON_CONFLICT_MODES = ("raise", "ignore")
+ON_DEPENDENCY_FAILURE_MODES = ("wait", "cancel", "run")
+
+
+def validate_unique(unique: Any, on_conflict: Any, keyed: bool) -> tuple[str, float | None]:
+    """(unique_scope, window seconds or None) for enqueue's `unique`, or InvalidInput saying what to pass.
+
+    "forever" (the default): the key is held while the job exists; "active": while it is unfinished; a
+    timedelta (or a number of seconds): no second job with the key within that long of the last one.
+    """
+    if on_conflict not in ON_CONFLICT_MODES:
+        raise InvalidInput(f"on_conflict must be one of {', '.join(ON_CONFLICT_MODES)}, not {on_conflict!r}")
+    if isinstance(unique, timedelta):
+        unique = unique.total_seconds()
+    if isinstance(unique, str):
+        if unique not in UNIQUE_MODES:
+            raise InvalidInput(f"unique must be 'forever', 'active' or a timedelta, not {unique!r}")
+        scope, window_s = unique, None
+    elif isinstance(unique, int | float) and not isinstance(unique, bool) and 0 < unique < float("inf"):
+        scope, window_s = "window", float(unique)
+    else:
+        raise InvalidInput(f"unique must be 'forever', 'active' or a positive timedelta, not {unique!r}")
+    if scope != "forever" and not keyed:
+        raise InvalidInput("unique applies to jobs with a key: give key= (keys= for enqueue_many)")
+    return scope, window_s
+
+
 def _validate_options(
     run_at: datetime | None, delay: float | None, priority: int, max_attempts: int | None
 ) -> float:
@@ -250,8 +278,8 @@ async def _run_plan_async(conn: Any, plan: Plan) -> Any:
                 return done.value
 
 
-def _resolve_dependencies(depends_on: Iterable[Sequence[str]]) -> Generator[Statement, Any, tuple[
-        list[int], JobStatus, str | None]]:
+def _resolve_dependencies(depends_on: Iterable[Sequence[str]], on_failure: str = "wait"
+                          ) -> Generator[Statement, Any, tuple[list[int], JobStatus, str | None]]:
     wanted: list[tuple[str, str]] = []
     for pair in depends_on:
         if isinstance(pair, dict):
@@ -270,12 +298,16 @@ def _resolve_dependencies(depends_on: Iterable[Sequence[str]]) -> Generator[Stat
         raise UnknownDependency(missing)
     rows = [found[pair] for pair in wanted]
     ids = [r["id"] for r in rows]
-    if all(r["status"] == JobStatus.DONE.value for r in rows):
+    failed = (JobStatus.DEAD.value, JobStatus.CANCELLED.value)
+    ready = (JobStatus.DONE.value, *failed) if on_failure == "run" else (JobStatus.DONE.value,)
+    if all(r["status"] in ready for r in rows):
         return ids, JobStatus.QUEUED, None
-    blocked = [r for r in rows if r["status"] in (JobStatus.DEAD.value, JobStatus.CANCELLED.value)]
+    blocked = [r for r in rows if r["status"] in failed]
     reason = "; ".join(
         f"dependency {r['id']} (queue {r['queue']}, key {r['key']}) is {r['status']}" for r in blocked
     )
+    if blocked and on_failure == "cancel":
+        return ids, JobStatus.CANCELLED, reason
     return ids, JobStatus.WAITING, reason or None
 
 
@@ -290,17 +322,28 @@ def _enqueue_plan(
     priority: int,
     max_attempts: int | None,
     limit_key: str | None = None,
+    unique: Any = "forever",
+    on_conflict: str = "raise",
+    on_dependency_failure: str = "wait",
 ) -> Plan:
     validate_queue_name(queue)
     validate_key(key)
     delay_s = _validate_options(run_at, delay, priority, max_attempts)
+    unique_scope, window_s = validate_unique(unique, on_conflict, key is not None)
+    if on_dependency_failure not in ON_DEPENDENCY_FAILURE_MODES:
+        raise InvalidInput(f"on_dependency_failure must be one of {', '.join(ON_DEPENDENCY_FAILURE_MODES)}, "
+                           f"not {on_dependency_failure!r}")
     limit_key = _limit_key(queue, payload, limit_key)
     payload_json, payload_bytes = encode_payload(queue, payload)
     hooks = _payload_hooks.get(queue)
     if hooks is not None and hooks.depends_on is not None:
         depends_on = [*depends_on, *hooks.depends_on(payload)]
     context = job_context.capture()
-    dependency_ids, status, waiting_reason = yield from _resolve_dependencies(depends_on)
+    if window_s is not None:
+        holders = yield from _recent_with_keys(queue, [key], window_s)
+        if holders:
+            return _on_conflict(on_conflict, queue, holders[key])
+    dependency_ids, status, waiting_reason = yield from _resolve_dependencies(depends_on, on_dependency_failure)
     row = yield Statement(
         sql.job_insert,
         {
@@ -316,11 +359,14 @@ def _enqueue_plan(
             "context": context,
             "waiting_reason": waiting_reason,
             "limit_key": limit_key,
+            "unique_scope": unique_scope,
+            "on_dependency_failure": on_dependency_failure,
         },
         rows="one",
     )
     if row is None:
-        raise DuplicateJob(queue, key or "")
+        holders = yield from _key_holders(queue, [key or ""])
+        return _on_conflict(on_conflict, queue, holders.get(key or ""), key=key or "")
     if dependency_ids:
         yield Statement(sql.job_dependencies_insert, {"job_id": row["id"], "depends_on_ids": dependency_ids},
                         rows="none")
@@ -339,9 +385,12 @@ def _enqueue_many_plan(
     priority: int,
     max_attempts: int | None,
     limit_keys: Sequence[str | None] | None = None,
+    unique: Any = "forever",
+    on_conflict: str = "raise",
 ) -> Plan:
     validate_queue_name(queue)
     delay_s = _validate_options(run_at, delay, priority, max_attempts)
+    unique_scope, window_s = validate_unique(unique, on_conflict, keys is not None)
     payloads = list(payloads)
     if limit_keys is not None and len(limit_keys) != len(payloads):
         raise InvalidInput(f"limit_keys has {len(limit_keys)} entries for {len(payloads)} payloads")
@@ -356,7 +405,7 @@ def _enqueue_many_plan(
         seen: set[str] = set()
         for k in key_list:
             if k is not None:
-                if k in seen:
+                if k in seen and on_conflict == "raise":
                     raise DuplicateJob(queue, k)
                 seen.add(k)
     if not payloads:
@@ -364,15 +413,21 @@ def _enqueue_many_plan(
     encoded = [encode_payload(queue, p) for p in payloads]
     context = job_context.capture()
     options = {"priority": priority, "run_at": run_at, "delay_s": delay_s, "max_attempts": max_attempts,
-               "context": context, "limit_keys": limit_key_list}
+               "context": context}
     if all(k is None for k in key_list):
-        rows = yield from _copy_jobs(queue, encoded, **options)
+        results = yield from _copy_jobs(queue, encoded, limit_keys=limit_key_list, **options)
     else:
-        rows = yield from _insert_jobs(queue, key_list, encoded, **options)
+        results = yield from _insert_keyed_jobs(
+            queue, key_list, encoded, limit_key_list, unique_scope=unique_scope, window_s=window_s,
+            on_conflict=on_conflict, **options)
     context_value = json.loads(context) if context else None
-    return [_written_job(row, queue, payload, priority=priority, max_attempts=max_attempts, context=context_value,
-                         key=row["key"])
-            for row, payload in zip(rows, payloads, strict=True)]
+    built: dict[int, Job] = {}  # a key given twice (on_conflict="ignore") gets one job, the first payload's
+    for result, payload in zip(results, payloads, strict=True):
+        if not isinstance(result, Job) and result["id"] not in built:
+            built[result["id"]] = _written_job(result, queue, payload, priority=priority,
+                                               max_attempts=max_attempts, context=context_value,
+                                               key=result["key"])
+    return [result if isinstance(result, Job) else built[result["id"]] for result in results]
 
 
 def enqueue(
@@ -387,15 +442,23 @@ def enqueue(
     priority: int = 0,
     max_attempts: int | None = None,
     limit_key: str | None = None,
+    unique: str | timedelta = "forever",
+    on_conflict: str = "raise",
+    on_dependency_failure: str = "wait",
 ) -> Job:
     """Write one job in the caller's transaction and return it; nothing is committed here.
 
     `conn` is a psycopg Connection or a SQLAlchemy Session / Connection. Raises DuplicateJob when
-    (queue, key) exists, UnknownDependency when a depends_on pair has no job (before anything is written),
-    InvalidInput / InvalidPayload for arguments to fix.
+    (queue, key) is held by another job, UnknownDependency when a depends_on pair has no job (before
+    anything is written), InvalidInput / InvalidPayload for arguments to fix. `unique` says how long this
+    job holds its key: "forever" (while it exists), "active" (while unfinished) or a timedelta (no second job
+    with the key within that long); `on_conflict="ignore"` returns the job holding the key instead of raising.
+    `on_dependency_failure`: what this job does when a dependency ends dead or cancelled ("wait", "cancel",
+    "run").
     """
     plan = _enqueue_plan(queue, payload, key=key, depends_on=depends_on, run_at=run_at, delay=delay,
-                         priority=priority, max_attempts=max_attempts, limit_key=limit_key)
+                         priority=priority, max_attempts=max_attempts, limit_key=limit_key, unique=unique,
+                         on_conflict=on_conflict, on_dependency_failure=on_dependency_failure)
     return _run_plan(conn, plan)
 
 
@@ -411,11 +474,15 @@ async def enqueue_async(
     priority: int = 0,
     max_attempts: int | None = None,
     limit_key: str | None = None,
+    unique: str | timedelta = "forever",
+    on_conflict: str = "raise",
+    on_dependency_failure: str = "wait",
 ) -> Job:
     """enqueue() for async code: `conn` is a psycopg AsyncConnection or a SQLAlchemy AsyncSession /
     AsyncConnection; same options, validation and errors, and it never commits."""
     plan = _enqueue_plan(queue, payload, key=key, depends_on=depends_on, run_at=run_at, delay=delay,
-                         priority=priority, max_attempts=max_attempts, limit_key=limit_key)
+                         priority=priority, max_attempts=max_attempts, limit_key=limit_key, unique=unique,
+                         on_conflict=on_conflict, on_dependency_failure=on_dependency_failure)
     return await _run_plan_async(conn, plan)
 
 
@@ -430,13 +497,16 @@ def enqueue_many(
     priority: int = 0,
     max_attempts: int | None = None,
     limit_keys: Sequence[str | None] | None = None,
+    unique: str | timedelta = "forever",
+    on_conflict: str = "raise",
 ) -> list[Job]:
     """Write many jobs of one queue in one statement, in the caller's transaction; all or none.
 
     `keys`, when given, has one key (or None) per payload.
     """
     plan = _enqueue_many_plan(queue, payloads, keys=keys, run_at=run_at, delay=delay, priority=priority,
-                              max_attempts=max_attempts, limit_keys=limit_keys)
+                              max_attempts=max_attempts, limit_keys=limit_keys, unique=unique,
+                              on_conflict=on_conflict)
     return _run_plan(conn, plan)
 
 
@@ -451,10 +521,13 @@ async def enqueue_many_async(
     priority: int = 0,
     max_attempts: int | None = None,
     limit_keys: Sequence[str | None] | None = None,
+    unique: str | timedelta = "forever",
+    on_conflict: str = "raise",
 ) -> list[Job]:
     """enqueue_many() for async code (psycopg AsyncConnection, SQLAlchemy AsyncSession / AsyncConnection)."""
     plan = _enqueue_many_plan(queue, payloads, keys=keys, run_at=run_at, delay=delay, priority=priority,
-                              max_attempts=max_attempts, limit_keys=limit_keys)
+                              max_attempts=max_attempts, limit_keys=limit_keys, unique=unique,
+                              on_conflict=on_conflict)
     return await _run_plan_async(conn, plan)
 
 
@@ -482,42 +555,96 @@ def _copy_jobs(queue: str, encoded: list[tuple[str | None, bytes | None]], *, pr
             for job_id in reserved["ids"]]
 
 
-def _insert_jobs(queue: str, key_list: list[str | None], encoded: list[tuple[str | None, bytes | None]], *,
-                 priority: int, run_at: datetime | None, delay_s: float | None, max_attempts: int | None,
-                 context: str | None, limit_keys: list[str | None]) -> Generator[Statement, Any, list[dict[str, Any]]]:
-    """Write jobs with keys in one INSERT; DuplicateJob (and this call's rows undone) when a key exists."""
+def _insert_keyed_jobs(
+    queue: str, key_list: list[str | None], encoded: list[tuple[str | None, bytes | None]],
+    limit_keys: list[str | None], *, unique_scope: str, window_s: float | None, on_conflict: str, priority: int,
+    run_at: datetime | None, delay_s: float | None, max_attempts: int | None, context: str | None,
+) -> Generator[Statement, Any, list[dict[str, Any] | Job]]:
+    """Write jobs with keys in one INSERT. One entry per payload: its written row or, with
+    on_conflict="ignore", the Job holding its key; with "raise", DuplicateJob and this call's rows undone."""
+    keys = [k for k in key_list if k is not None]
+    held: dict[str, Job] = {}
+    if window_s is not None:
+        held = yield from _recent_with_keys(queue, keys, window_s)
+        if held and on_conflict == "raise":
+            raise DuplicateJob(queue, next(k for k in keys if k in held))
+    seen: set[str] = set()
+    to_write = []
+    for i, k in enumerate(key_list):
+        if k is None or (k not in held and k not in seen):
+            to_write.append(i)
+            if k is not None:
+                seen.add(k)
     rows = yield Statement(
         sql.job_insert_many,
         {
             "queue": queue,
-            "keys": key_list,
-            "payloads": [e[0] for e in encoded],
-            "payloads_bytes": [e[1] for e in encoded],
-            "limit_keys": limit_keys,
+            "keys": [key_list[i] for i in to_write],
+            "payloads": [encoded[i][0] for i in to_write],
+            "payloads_bytes": [encoded[i][1] for i in to_write],
+            "limit_keys": [limit_keys[i] for i in to_write],
             "priority": priority,
             "run_at": run_at,
             "delay": delay_s,
             "max_attempts": max_attempts,
             "context": context,
+            "unique_scope": unique_scope,
         },
     )
-    if len(rows) != len(encoded):
-        # A key already existed: undo this call's rows so the caller's transaction stays whole.
-        inserted_keys = {r["key"] for r in rows}
-        duplicate = next(k for k in key_list if k is not None and k not in inserted_keys)
-        yield Statement(sql.job_delete_by_ids, {"ids": [r["id"] for r in rows]}, rows="none")
-        raise DuplicateJob(queue, duplicate)
-    return rows
+    inserted = {r["key"]: r for r in rows if r["key"] is not None}
+    refused = [key_list[i] for i in to_write if key_list[i] is not None and key_list[i] not in inserted]
+    if refused:
+        if on_conflict == "raise":
+            # A key was held: undo this call's rows so the caller's transaction stays whole.
+            yield Statement(sql.job_delete_by_ids, {"ids": [r["id"] for r in rows]}, rows="none")
+            raise DuplicateJob(queue, refused[0])
+        holders = yield from _key_holders(queue, refused)
+        held.update(holders)
+    unkeyed = iter([r for r in rows if r["key"] is None])
+    results: list[dict[str, Any] | Job] = []
+    for k in key_list:
+        if k is None:
+            results.append(next(unkeyed))
+        elif k in inserted:
+            results.append(inserted[k])
+        elif k in held:
+            results.append(held[k])
+        else:  # held by a job this transaction's snapshot cannot see (REPEATABLE READ): nothing to return
+            raise DuplicateJob(queue, k)
+    return results
 
 
-def _get_job_plan(job_id: int) -> Plan:
-    row = yield Statement(sql.job_get, {"id": job_id}, rows="one")
-    if row is None:
-        return None
+def _recent_with_keys(queue: str, keys: list[str], window_s: float) -> Generator[Statement, Any, dict[str, Job]]:
+    """Lock the keys until the transaction ends, then the newest job of each created within the window."""
+    yield Statement(sql.job_key_lock, {"queue": queue, "keys": keys}, rows="none")
+    rows = yield Statement(sql.job_find_recent_by_keys, {"queue": queue, "keys": keys, "window_s": window_s})
+    return {r["key"]: _stored_job(r) for r in rows}
+
+
+def _key_holders(queue: str, keys: list[str]) -> Generator[Statement, Any, dict[str, Job]]:
+    """The jobs that hold these keys (after an insert that did nothing)."""
+    rows = yield Statement(sql.job_find_key_holders, {"queue": queue, "keys": keys})
+    return {r["key"]: _stored_job(r) for r in rows}
+
+
+def _on_conflict(on_conflict: str, queue: str, holder: Job | None, *, key: str | None = None) -> Job:
+    """What enqueue returns when its key is held: the holding job ("ignore"), else DuplicateJob."""
+    if on_conflict == "ignore" and holder is not None:
+        return holder
+    raise DuplicateJob(queue, key if key is not None else (holder.key if holder else "") or "")
+
+
+def _stored_job(row: dict[str, Any]) -> Job:
+    """A Job from a row of JOB_COLUMNS (a codec's payload comes back as bytes)."""
     row = dict(row)
     if row.get("payload") is None and row.get("payload_bytes") is not None:
         row["payload"] = bytes(row["payload_bytes"])
     return Job.from_row(row)
+
+
+def _get_job_plan(job_id: int) -> Plan:
+    row = yield Statement(sql.job_get, {"id": job_id}, rows="one")
+    return None if row is None else _stored_job(row)
 
 
 def get_job(conn: Any, job_id: int) -> Job | None:

@@ -22,11 +22,12 @@ class JobStatus(enum.StrEnum):
 
 # Every status change the system makes, and what makes it. Tests check the runtime against this table.
 ALLOWED_TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
-    JobStatus.WAITING: frozenset({JobStatus.QUEUED, JobStatus.CANCELLED}),  # dependencies done / cancel
+    # dependencies done (or failed, with on_dependency_failure="run") / cancel (or a failed dependency)
+    JobStatus.WAITING: frozenset({JobStatus.QUEUED, JobStatus.CANCELLED}),
     JobStatus.QUEUED: frozenset({JobStatus.RUNNING, JobStatus.CANCELLED}),  # claim / cancel
     JobStatus.RUNNING: frozenset(
         {JobStatus.DONE, JobStatus.RETRYING, JobStatus.DEAD, JobStatus.CANCELLED, JobStatus.QUEUED}
-    ),  # complete / fail or rescue / cancel honoured by the handler / a stopping worker hands back unstarted
+    ),  # complete / fail, time out or rescue / cancel / a stopping worker hands back unstarted, or a snooze
     JobStatus.RETRYING: frozenset({JobStatus.RUNNING, JobStatus.QUEUED, JobStatus.CANCELLED}),
     JobStatus.DONE: frozenset({JobStatus.QUEUED}),  # admin re-run (testing helpers)
     JobStatus.DEAD: frozenset({JobStatus.QUEUED}),  # admin retry
@@ -55,6 +56,10 @@ class Job:
     created_at: datetime | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    snoozes: int = 0  # times the handler snoozed it (outboxq.Snooze); attempts does not count them
+    result: Any = None  # the handler's JSON return value
+    progress: float | None = None  # 0.0-1.0, from ctx.set_progress() while it runs
+    progress_message: str | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Job:

@@ -62,8 +62,23 @@ jobs = Table(
     Column("finished_at", DateTime(timezone=True)),
     # Flow control (issue 14): the key that per-key limits count by, from the consumer's limit_by at enqueue.
     Column("limit_key", Text),
+    # How long the job's key blocks another job with the same key (enqueue's `unique`): 'forever' while the
+    # row exists, 'active' while it is unfinished; 'window' (unique=timedelta) is checked at enqueue.
+    Column("unique_scope", Text, nullable=False, server_default=text("'forever'")),
+    # What a waiting job does when a dependency ends dead or cancelled: 'wait', 'cancel' or 'run'.
+    Column("on_dependency_failure", Text, nullable=False, server_default=text("'wait'")),
+    # Times a handler snoozed the job (outboxq.Snooze): each one gave its attempt back.
+    Column("snoozes", Integer, nullable=False, server_default=text("0")),
+    # The handler's JSON return value, and the progress it reported while running (ctx.set_progress).
+    Column("result", JSONB),
+    Column("progress", Float),
+    Column("progress_message", Text),
     CheckConstraint(f"status IN ({_status_list})", name="outboxq_jobs_status_check"),
     CheckConstraint("max_attempts IS NULL OR max_attempts >= 0", name="outboxq_jobs_max_attempts_check"),
+    CheckConstraint("unique_scope IN ('forever', 'active', 'window')", name="outboxq_jobs_unique_scope_check"),
+    CheckConstraint("on_dependency_failure IN ('wait', 'cancel', 'run')",
+                    name="outboxq_jobs_on_dependency_failure_check"),
+    CheckConstraint("progress IS NULL OR (progress >= 0 AND progress <= 1)", name="outboxq_jobs_progress_check"),
 )
 
 # The claim index matches the claim query exactly: only claimable rows, in claim order.
@@ -82,9 +97,21 @@ Index(
     jobs.c.lease_expires_at,
     postgresql_where=text("status = 'running'"),
 )
+# Finding jobs by key (depends_on, on_conflict="ignore"), whatever their uniqueness.
 Index(
-    "outboxq_jobs_key_idx", jobs.c.queue, jobs.c.key, unique=True,
+    "outboxq_jobs_key_idx", jobs.c.queue, jobs.c.key,
     postgresql_where=text("key IS NOT NULL"),
+)
+# Uniqueness, race-free: a key is held by every 'forever' job and by unfinished 'active' jobs; a finished
+# 'active' job leaves the index, so its key can be enqueued again. A 'window' job is not in it: enqueue with a
+# window takes a transaction lock on the key and looks for a job with the key created within the window.
+KEY_HELD_PREDICATE = (
+    "key IS NOT NULL AND (unique_scope = 'forever' "
+    "OR (unique_scope = 'active' AND status IN ('waiting', 'queued', 'running', 'retrying')))"
+)
+Index(
+    "outboxq_jobs_key_unique_idx", jobs.c.queue, jobs.c.key, unique=True,
+    postgresql_where=text(KEY_HELD_PREDICATE),
 )
 # The listing feed (app/queue/feed.py) pages in (created_xid, id) order within a queue.
 Index("outboxq_jobs_feed_idx", jobs.c.queue, jobs.c.created_xid, jobs.c.id)
@@ -114,8 +141,30 @@ job_errors = Table(
     Column("error", Text, nullable=False),
     Column("traceback", Text),
     Column("failed_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # 'error' for a failed attempt (timeouts and rescues included), 'snooze' for a handler's Snooze.
+    Column("kind", Text, nullable=False, server_default=text("'error'")),
+    CheckConstraint("kind IN ('error', 'snooze')", name="outboxq_job_errors_kind_check"),
 )
 Index("outboxq_job_errors_job_idx", job_errors.c.job_id)
+
+# Periodic schedules (outboxq.periodic): one row per schedule name, written by the workers that define it.
+# A slot is claimed by moving last_slot forward under the row's lock, and its job's key
+# (periodic:{name}:{slot}) makes a second job for one slot impossible.
+schedules = Table(
+    "outboxq_schedules",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("queue", Text, nullable=False),
+    Column("spec", Text, nullable=False),  # "cron:<expression>" or "every:<seconds>"
+    Column("timezone", Text, nullable=False),
+    Column("missed", Text, nullable=False),
+    Column("payload", JSONB),
+    Column("last_slot", DateTime(timezone=True)),
+    Column("next_slot", DateTime(timezone=True), nullable=False),
+    Column("last_job_id", BigInteger),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint("missed IN ('latest', 'skip', 'all')", name="outboxq_schedules_missed_check"),
+)
 
 job_dependencies = Table(
     "outboxq_job_dependencies",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from outboxq.queue.schema import NOTIFY_CHANNEL, VERSION_TABLE, metadata
+from outboxq.queue.schema import KEY_HELD_PREDICATE, NOTIFY_CHANNEL, VERSION_TABLE, metadata
 
 # outboxq's table names, longest first so that outboxq_jobs never matches inside outboxq_jobs_x.
 _TABLE_NAME = re.compile(
@@ -25,33 +25,37 @@ def qualified(statement: str, schema: str) -> str:
 JOB_COLUMNS = (
     "id, queue, key, status, payload, payload_bytes, priority, run_at, attempts, max_attempts, "
     "last_error, last_traceback, waiting_reason, cancel_requested, context, created_at, started_at, "
-    "attempt_started_at, finished_at"
+    "attempt_started_at, finished_at, unique_scope, on_dependency_failure, snoozes, result, progress, "
+    "progress_message"
 )
 
 # ---------------------------------------------------------------- enqueue
 
-job_insert = """
+# A key held by another job (schema.KEY_HELD_PREDICATE) makes the insert do nothing: no row comes back.
+job_insert = f"""
 INSERT INTO outboxq_jobs
     (queue, key, status, payload, payload_bytes, priority, run_at, max_attempts, context, waiting_reason,
-     limit_key)
+     limit_key, unique_scope, on_dependency_failure, finished_at)
 VALUES (%(queue)s, %(key)s, %(status)s, %(payload)s, %(payload_bytes)s, %(priority)s,
         coalesce(%(run_at)s::timestamptz, now() + %(delay)s::float8 * interval '1 second'),
-        %(max_attempts)s, %(context)s, %(waiting_reason)s, %(limit_key)s)
-ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING
+        %(max_attempts)s, %(context)s, %(waiting_reason)s, %(limit_key)s, %(unique_scope)s,
+        %(on_dependency_failure)s, CASE WHEN %(status)s = 'cancelled' THEN now() END)
+ON CONFLICT (queue, key) WHERE {KEY_HELD_PREDICATE} DO NOTHING
 RETURNING id, status, run_at, created_at
 """
 
 # Many jobs of one queue in one statement; rows come back in input order (ORDER BY ordinality).
-job_insert_many = """
+job_insert_many = f"""
 INSERT INTO outboxq_jobs
-    (queue, key, status, payload, payload_bytes, priority, run_at, max_attempts, context, limit_key)
+    (queue, key, status, payload, payload_bytes, priority, run_at, max_attempts, context, limit_key,
+     unique_scope)
 SELECT %(queue)s, i.key, 'queued', i.payload, i.payload_bytes, %(priority)s,
        coalesce(%(run_at)s::timestamptz, now() + %(delay)s::float8 * interval '1 second'),
-       %(max_attempts)s, %(context)s, i.limit_key
+       %(max_attempts)s, %(context)s, i.limit_key, %(unique_scope)s
 FROM unnest(%(keys)s::text[], %(payloads)s::jsonb[], %(payloads_bytes)s::bytea[], %(limit_keys)s::text[])
      WITH ORDINALITY AS i(key, payload, payload_bytes, limit_key, ord)
 ORDER BY i.ord
-ON CONFLICT (queue, key) WHERE key IS NOT NULL DO NOTHING
+ON CONFLICT (queue, key) WHERE {KEY_HELD_PREDICATE} DO NOTHING
 RETURNING id, key, status, run_at, created_at
 """
 
@@ -71,11 +75,35 @@ FROM STDIN
 
 job_delete_by_ids = "DELETE FROM outboxq_jobs WHERE id = ANY(%(ids)s::bigint[])"
 
+# The newest job of each (queue, key) pair (a key that is not unique forever may have several jobs).
 job_find_by_keys = """
-SELECT j.id, j.queue, j.key, j.status
+SELECT DISTINCT ON (j.queue, j.key) j.id, j.queue, j.key, j.status
 FROM outboxq_jobs j
 JOIN unnest(%(queues)s::text[], %(keys)s::text[]) AS wanted(queue, key)
   ON j.queue = wanted.queue AND j.key = wanted.key
+ORDER BY j.queue, j.key, j.id DESC
+"""
+
+# Uniqueness within a window (unique=timedelta): the keys of this call are locked until the transaction ends
+# (in a fixed order, so two callers cannot deadlock), then the jobs created with them within the window read.
+UNIQUE_KEY_LOCK_CLASS = 7002
+job_key_lock = f"""
+SELECT count(pg_advisory_xact_lock({UNIQUE_KEY_LOCK_CLASS}, hashtext(%(queue)s || E'\\n' || k.key))) AS locked
+FROM (SELECT DISTINCT unnest(%(keys)s::text[]) AS key ORDER BY 1) AS k
+"""
+
+job_find_recent_by_keys = f"""
+SELECT DISTINCT ON (key) {JOB_COLUMNS} FROM outboxq_jobs
+WHERE queue = %(queue)s AND key = ANY(%(keys)s::text[])
+  AND created_at > now() - %(window_s)s::float8 * interval '1 second'
+ORDER BY key, id DESC
+"""
+
+# The job that holds each key (what made an insert do nothing).
+job_find_key_holders = f"""
+SELECT DISTINCT ON (key) {JOB_COLUMNS} FROM outboxq_jobs
+WHERE queue = %(queue)s AND key = ANY(%(keys)s::text[]) AND {KEY_HELD_PREDICATE}
+ORDER BY key, id DESC
 """
 
 job_dependencies_insert = """

@@ -49,6 +49,9 @@ def _options(job: JobCreate) -> dict[str, Any]:
         "delay": job.delay_seconds,
         "priority": job.priority,
         "max_attempts": job.max_attempts,
+        "unique": job.unique,
+        "on_conflict": job.on_conflict,
+        "on_dependency_failure": job.on_dependency_failure,
     }
 
 
@@ -84,7 +87,8 @@ def create_jobs(queue: QueueName, body: JobBatchCreate, request: Request, princi
         for index, job in enumerate(body.jobs):
             check_payload_size(job.payload, settings.max_payload_bytes, f"jobs[{index}].payload")
     options = [_options(job) for job in body.jobs]
-    shared = {k: v for k, v in options[0].items() if k not in ("key", "depends_on")}
+    # on_dependency_failure means nothing without depends_on, and a batch with dependencies is not uniform.
+    shared = {k: v for k, v in options[0].items() if k not in ("key", "depends_on", "on_dependency_failure")}
     uniform = all(not o["depends_on"] and {k: o[k] for k in shared} == shared for o in options)
 
     def work(conn: Any) -> dict[str, Any]:
