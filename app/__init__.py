@@ -37,6 +37,7 @@ from outboxq.queue.enqueue import (
 )
 from outboxq.queue.jobs import Job, JobStatus
 from outboxq.workers.context import JobContext
+from outboxq.workers.periodic import Schedule, periodic
 from outboxq.workers.registry import Consumer, consumer
 
 __version__ = "0.1.0"
@@ -60,6 +61,7 @@ __all__ = [
     "LeaseLost",
     "OutboxqError",
     "OutputTableMismatch",
+    "Schedule",
     "SchemaOutOfDate",
     "UnknownDependency",
     "Worker",
@@ -70,6 +72,7 @@ __all__ = [
     "enqueue_many_async",
     "get_job",
     "get_job_async",
+    "periodic",
 ]
 
 

@@ -130,6 +130,24 @@ def cmd_queues(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_periodic(args: argparse.Namespace) -> int:
+    """The periodic schedules the workers wrote: their last and next slots."""
+    from outboxq.db import connect
+    from outboxq.workers.periodic import stored_schedules
+
+    with connect(_current_url()) as conn:
+        rows = stored_schedules(conn)
+    if args.json:
+        print(json.dumps(rows, default=str, indent=2))
+        return 0
+    if not rows:
+        print("no periodic schedules yet (a worker writes those its handler modules define when it starts)")
+        return 0
+    _print(rows, ["name", "queue", "spec", "timezone", "missed", "last_slot", "next_slot", "last_job_id",
+                  "last_job_status"], False)
+    return 0
+
+
 def cmd_queues_limit(args: argparse.Namespace) -> int:
     """Change a queue's limits at run time (every worker applies them within a few seconds)."""
     from outboxq.db import connect
@@ -249,6 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int,
                    help="serve this worker's Prometheus metrics on 127.0.0.1:PORT/metrics")
     p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser("periodic", help="the periodic schedules, their last and next slots")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_periodic)
 
     p = sub.add_parser("demo", help="run the demo on the embedded (or configured) PostgreSQL")
     p.add_argument("--orders", type=int, default=300)

@@ -8,6 +8,7 @@ Threads, each with its own connection:
   lease renewal back;
 - the maintenance thread runs rescue, promote and prune while this worker leads maintenance (one worker at a
   time, chosen by an advisory lock: workers/maintenance/leader.py);
+- the scheduler enqueues the slots of the periodic schedules this worker defines (workers/scheduler.py);
 - the listener LISTENs for new-work notifications.
 """
 
@@ -38,7 +39,9 @@ from outboxq.workers.executor import AsyncLoop, ClaimedJob, Outcome
 from outboxq.workers.listener import Listener
 from outboxq.workers.maintenance.leader import Maintenance
 from outboxq.workers.metrics import WorkerMetrics
+from outboxq.workers.periodic import Schedule, all_schedules
 from outboxq.workers.registry import Consumer, all_consumers
+from outboxq.workers.scheduler import Scheduler
 
 log = logging.getLogger("outboxq.worker")
 
@@ -64,6 +67,7 @@ class Worker:
         run_maintenance: bool = True,
         listen: bool = True,
         metrics_port: int | None = None,
+        schedules: Iterable[Schedule] | None = None,
     ):
         self.settings = settings or get_settings()
         # An explicit url still follows OUTBOXQ_SCHEMA: the worker's connections find outboxq's tables there.
@@ -79,6 +83,9 @@ class Worker:
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.run_maintenance = run_maintenance
         self.listen = listen
+        # Periodic schedules: those given, else every one defined in this process (outboxq.periodic).
+        self.schedules = list(schedules if schedules is not None else all_schedules())
+        self.scheduler: Scheduler | None = None
 
         self._lock = threading.Lock()
         self._in_flight: dict[int, ClaimedJob] = {}
@@ -130,6 +137,8 @@ class Worker:
         if self.listen:
             self._listener = Listener(self.url, self._on_notify)
             self._listener.start()
+        if self.schedules:
+            self.scheduler = Scheduler(self.url, self.schedules).start()
         self._spawn(self._dispatcher_loop, "outboxq-dispatcher")
         log.info("worker %s started: queues %s, concurrency %d, batch %d",
                  self.worker_id, ", ".join(self.consumers), self.concurrency, self.batch_size)
@@ -147,6 +156,8 @@ class Worker:
         """
         timeout = self.settings.shutdown_timeout if timeout is None else timeout
         self.request_stop()
+        if self.scheduler:
+            self.scheduler.stop()
         self._draining.set()
         deadline = time.monotonic() + timeout
         for _ in range(self.concurrency):

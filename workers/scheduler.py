@@ -1,0 +1,137 @@
+"""The scheduler thread: enqueue one job per slot of this worker's periodic schedules, whoever else runs.
+
+Each worker that defines schedules runs one, on its own connection. A slot is claimed in PostgreSQL: the due
+schedule's row is locked (FOR UPDATE SKIP LOCKED) while its slots' jobs are enqueued and its next_slot moved
+on, in one transaction; and each slot's job has the key periodic:{name}:{slot}, unique forever, so no crash,
+race or restart can make a second job for one slot. Jobs are enqueued at their slot's time (the thread
+sleeps until the soonest slot, at most MAX_SLEEP_S), so the new-job notification wakes idle workers at once.
+
+Missed slots: a slot counts as missed when its time passed more than MISSED_GRACE_S before this scheduler
+started (no scheduler was running then: one that was would have enqueued it); the schedule's `missed` policy
+decides which of those run. Slots that came due while this scheduler ran are never dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+
+import psycopg
+from psycopg.rows import dict_row
+
+from outboxq.queue import periodic_sql
+from outboxq.queue.enqueue import enqueue
+from outboxq.workers.periodic import Schedule, slot_key
+
+log = logging.getLogger("outboxq.scheduler")
+
+MAX_SLEEP_S = 1.0
+# Longer than a running scheduler's longest sleep: a slot this old at our start was due while no scheduler
+# ran (or while every one of them was stalled).
+MISSED_GRACE_S = 2.0
+RECONNECT_DELAY_S = 0.5
+
+
+class Scheduler:
+    """Enqueues the slots of `schedules` for one worker process."""
+
+    def __init__(self, url: str, schedules: Iterable[Schedule]):
+        self.url = url
+        self.schedules = {s.name: s for s in schedules}
+        self.started_at: datetime | None = None  # the database's clock when this scheduler first wrote
+        self.enqueued = 0
+        self._stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="outboxq-scheduler", daemon=True)
+
+    def start(self) -> Scheduler:
+        """Start the thread; returns at once."""
+        self.thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop after the current pass."""
+        self._stopping.set()
+        self.thread.join(timeout=timeout)
+
+    def _run(self) -> None:
+        conn: psycopg.Connection | None = None
+        while not self._stopping.is_set():
+            try:
+                if conn is None or conn.closed:
+                    conn = psycopg.connect(self.url, row_factory=dict_row)
+                    self.declare(conn)
+                sleep_s = self.tick(conn)
+            except psycopg.Error as exc:
+                log.warning("scheduler: database error (%s); reconnecting", exc)
+                if conn is not None:
+                    conn.close()
+                conn = None
+                sleep_s = RECONNECT_DELAY_S
+            self._stopping.wait(sleep_s)
+        if conn is not None:
+            conn.close()
+
+    def declare(self, conn: psycopg.Connection) -> None:
+        """Write this worker's schedules (committed); the first call sets started_at."""
+        now = conn.execute(periodic_sql.schedule_soonest, {"names": []}).fetchone()["now"]
+        for s in self.schedules.values():
+            conn.execute(periodic_sql.schedule_upsert, {
+                "name": s.name, "queue": s.queue, "spec": s.spec, "timezone": s.timezone, "missed": s.missed,
+                "payload": json.dumps(s.payload), "next_slot": s.next_after(now),
+            })
+        conn.commit()
+        if self.started_at is None:
+            self.started_at = now
+
+    def tick(self, conn: psycopg.Connection) -> float:
+        """Enqueue what is due; the seconds until the next slot (at most MAX_SLEEP_S)."""
+        row = conn.execute(periodic_sql.schedule_soonest, {"names": list(self.schedules)}).fetchone()
+        conn.commit()
+        if row["soonest"] is None:
+            return MAX_SLEEP_S
+        wait_s = (row["soonest"] - row["now"]).total_seconds()
+        if wait_s > 0:
+            return min(MAX_SLEEP_S, wait_s)
+        self.run_due(conn)
+        return 0.0
+
+    def run_due(self, conn: psycopg.Connection) -> int:
+        """Enqueue the due slots of every due schedule not locked by another worker (committed); how many."""
+        assert self.started_at is not None
+        missed_before = self.started_at - timedelta(seconds=MISSED_GRACE_S)
+        enqueued = 0
+        for row in conn.execute(periodic_sql.schedule_lock_due, {"names": list(self.schedules)}).fetchall():
+            schedule = self.schedules[row["name"]]
+            due = schedule.slots_between(row["next_slot"], row["now"])
+            to_run = slots_to_run(schedule.missed, due, missed_before)
+            last_job_id = None
+            for slot in to_run:
+                job = enqueue(conn, schedule.queue, schedule.payload, key=slot_key(schedule.name, slot),
+                              run_at=slot, on_conflict="ignore")
+                last_job_id = job.id
+            conn.execute(periodic_sql.schedule_advance, {
+                "name": schedule.name, "last_slot": due[-1] if due else None,
+                "next_slot": schedule.next_after(row["now"]), "last_job_id": last_job_id,
+            })
+            if len(to_run) < len(due):
+                log.info("periodic %s: %d missed slots, %d run (missed=%s)", schedule.name, len(due),
+                         len(to_run), schedule.missed)
+            enqueued += len(to_run)
+        conn.commit()
+        self.enqueued += enqueued
+        return enqueued
+
+
+def slots_to_run(policy: str, due: list[datetime], missed_before: datetime) -> list[datetime]:
+    """Which of the due slots (oldest first) to enqueue: every slot on time, and of the missed ones (due
+    before `missed_before`) all, the latest, or none."""
+    missed = [s for s in due if s < missed_before]
+    on_time = due[len(missed):]
+    if policy == "all":
+        return due
+    if policy == "latest":
+        return missed[-1:] + on_time
+    return on_time
