@@ -25,6 +25,7 @@ from outboxq.errors import (
     OutboxqError,
     OutputTableMismatch,
     SchemaOutOfDate,
+    Snooze,
     UnknownDependency,
 )
 from outboxq.queue.enqueue import (
@@ -63,6 +64,7 @@ __all__ = [
     "OutputTableMismatch",
     "Schedule",
     "SchemaOutOfDate",
+    "Snooze",
     "UnknownDependency",
     "Worker",
     "consumer",

@@ -96,6 +96,16 @@ class LeaseLost(OutboxqError):
     code = "lease_lost"
 
 
+class Snooze(Exception):  # noqa: N818 - raised by a handler as an instruction, not an error
+    """Raise it in a handler to run the job again after `seconds`, without using up an attempt."""
+
+    def __init__(self, seconds: float):
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds < float("inf"):
+            raise InvalidInput(f"Snooze needs a number of seconds >= 0, not {seconds!r}")
+        super().__init__(f"snoozed for {seconds:g} s")
+        self.seconds = float(seconds)
+
+
 class IdempotencyKeyReused(OutboxqError):
     """The Idempotency-Key was already used for a request with another body."""
 

@@ -33,6 +33,9 @@ class Settings(BaseSettings):
     backoff_jitter: float = 0.25
     lease_s: float = 60.0
     max_execute_s: float = 300.0
+    # Seconds after which a running attempt is failed (OUTBOXQ_JOB_TIMEOUT_S; None: no timeout). An async
+    # handler is cancelled; a sync one is fenced and its handler slot given to a new thread.
+    job_timeout_s: float | None = Field(default=None, gt=0)
     poll_interval: float = 1.0
     batch_size: int = 500
     concurrency: int = 16

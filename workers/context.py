@@ -12,10 +12,12 @@ from typing import Any
 
 import psycopg
 
-from outboxq.errors import LeaseLost
+from outboxq.errors import InvalidInput, LeaseLost
 from outboxq.queue import sql
 
 log = logging.getLogger("outboxq.worker")
+
+MAX_PROGRESS_MESSAGE = 1000
 
 
 def delivery_hash(consumer_id: str, job_id: int) -> str:
@@ -76,6 +78,23 @@ class JobContext:
     def request_cancel(self) -> None:
         """Set by the worker when the job's cancel was requested or its lease was lost."""
         self._cancelled = True
+
+    def set_progress(self, fraction: float, message: str | None = None) -> None:
+        """Record how far the job has come (0.0 to 1.0, and an optional short message): visible in get_job,
+        the API and the dashboard while it runs. Each call is one small write, fenced by the job's lease."""
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0.0 <= fraction <= 1.0:
+            raise InvalidInput(f"progress must be a number from 0.0 to 1.0, not {fraction!r}")
+        if message is not None and (not isinstance(message, str) or len(message) > MAX_PROGRESS_MESSAGE):
+            raise InvalidInput(f"the progress message must be a string of at most {MAX_PROGRESS_MESSAGE} "
+                               "characters")
+        if self._connection_factory is None:
+            raise RuntimeError("ctx.set_progress() needs a worker (or outboxq.testing) to provide connections")
+        conn = self._connection_factory()
+        row = conn.execute(sql.job_set_progress, {"id": self.job_id, "lease_token": self.lease_token,
+                                                  "progress": float(fraction), "message": message}).fetchone()
+        if row is None:
+            self.fenced = True
+            raise LeaseLost(f"job {self.job_id}: this worker no longer holds its lease; progress not recorded")
 
     @contextmanager
     def transaction(self) -> Iterator[psycopg.Connection]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import sys
 import threading
@@ -11,7 +12,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from outboxq.errors import LeaseLost
+from outboxq.errors import LeaseLost, Snooze
 from outboxq.queue import context as job_context
 from outboxq.workers.context import JobContext
 from outboxq.workers.registry import Consumer
@@ -38,11 +39,15 @@ class ClaimedJob:
     task: asyncio.Task | None = None
     stack_dumps: int = 0  # how many max_execute_s thresholds have been reported
     finished: bool = False  # the handler returned; its outcome is on the way to the database
+    # The worker gave up on the attempt (timeout, or cancelled while running): its outcome was written for
+    # it, and whatever the handler still returns is dropped.
+    abandoned: bool = False
 
 
 @dataclass(slots=True)
 class Outcome:
-    """What a handler run came to: succeeded, failed (with error), cancelled, or fenced."""
+    """What a handler run came to: succeeded (with its result as JSON text, if any), failed (with error),
+    snoozed, cancelled, or fenced."""
 
     job: ClaimedJob
     succeeded: bool
@@ -53,6 +58,8 @@ class Outcome:
     completed_in_transaction: bool = False
     duration_s: float = 0.0
     result: Any = field(default=None)
+    result_json: str | None = None  # the return value as JSON, stored with the job; None when it returned None
+    snooze_s: float | None = None  # raised Snooze(seconds): run again then, the attempt given back
 
 
 def is_unique_violation(exc: BaseException) -> bool:
@@ -117,6 +124,10 @@ def execute(job: ClaimedJob, async_loop: AsyncLoop | None) -> Outcome:
     except LeaseLost as exc:
         ctx.log.warning("job %s fenced: %s", job.id, exc)
         return _outcome(job, False, error=str(exc), fenced=True)
+    except Snooze as snooze:
+        outcome = _outcome(job, False, error=str(snooze))
+        outcome.snooze_s = snooze.seconds
+        return outcome
     except Exception as exc:
         if consumer.idempotent_conflicts and is_unique_violation(exc):
             ctx.log.info("job %s: unique violation treated as success (idempotent_conflicts)", job.id)
@@ -126,7 +137,14 @@ def execute(job: ClaimedJob, async_loop: AsyncLoop | None) -> Outcome:
         return _outcome(job, False, error=f"{type(exc).__name__}: {exc}", tb=traceback.format_exc())
     if ctx.cancelled and not ctx.completed_in_transaction and not ctx.fenced:
         return _outcome(job, False, error="cancelled while running", cancelled=True, result=result)
-    return _outcome(job, True, result=result)
+    outcome = _outcome(job, True, result=result)
+    if result is not None:
+        try:
+            outcome.result_json = json.dumps(result, separators=(",", ":"), allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            return _outcome(job, False, error=f"the handler's return value is not JSON-serialisable ({exc}); "
+                            "return JSON values (dict, list, str, number, bool) or None")
+    return outcome
 
 
 def _outcome(job: ClaimedJob, ok: bool, *, error: str | None = None, tb: str | None = None,

@@ -23,9 +23,11 @@ DURATION_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 
 
 def outcome_label(outcome: Outcome) -> str:
-    """succeeded, failed, timed_out, cancelled or fenced: what the handler run came to."""
+    """succeeded, failed, timed_out, snoozed, cancelled or fenced: what the handler run came to."""
     if outcome.fenced:
         return "fenced"
+    if outcome.snooze_s is not None:
+        return "snoozed"
     if outcome.cancelled:
         return "cancelled"
     if outcome.succeeded:

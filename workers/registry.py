@@ -28,6 +28,7 @@ class Consumer:
     jitter: float | None = None
     lease_s: float | None = None
     max_execute_s: float | None = None
+    timeout: float | None = None  # seconds an attempt may run before it is failed (and stopped or fenced)
     idempotent_conflicts: bool = False
     valid_payload: Callable[[Any], bool] | None = None
     encode: Callable[[Any], bytes | str] | None = None
@@ -76,6 +77,10 @@ class Consumer:
         """Seconds a claim holds the job before another worker may rescue it (renewed while running)."""
         return (settings or get_settings()).lease_s if self.lease_s is None else self.lease_s
 
+    def effective_timeout_s(self, settings: Settings | None = None) -> float | None:
+        """Seconds an attempt may run before it fails as timed out (None: no limit)."""
+        return (settings or get_settings()).job_timeout_s if self.timeout is None else self.timeout
+
     def effective_max_execute_s(self, settings: Settings | None = None) -> float:
         """Seconds after which a running handler's stack is logged as stuck."""
         return (settings or get_settings()).max_execute_s if self.max_execute_s is None else self.max_execute_s
@@ -89,6 +94,9 @@ def register(c: Consumer) -> Consumer:
     validate_queue_name(c.queue)
     if c.max_attempts is not None and c.max_attempts < 0:
         raise InvalidInput("max_attempts must be >= 0 (0 means retry forever)")
+    if c.timeout is not None and (isinstance(c.timeout, bool) or not isinstance(c.timeout, int | float)
+                                  or not 0 < c.timeout < float("inf")):
+        raise InvalidInput(f"consumer of {c.queue!r}: timeout must be a number of seconds > 0, not {c.timeout!r}")
     if (c.encode is None) != (c.decode is None):
         raise InvalidInput(f"consumer of {c.queue!r}: give both encode and decode, or neither")
     c.limits  # noqa: B018 - validates the flow-control options now rather than at the worker's start
@@ -101,7 +109,7 @@ def consumer(queue: str, **options: Any) -> Callable[[Callable[..., Any]], Calla
     """Decorator: `@consumer("emails", max_attempts=25)` makes the function the handler of `emails`.
 
     The handler is `def handle(payload, ctx)` (or `async def`); returning is success, raising is a failed
-    attempt. Options: max_attempts, backoff_base, backoff_max, jitter, lease_s, max_execute_s,
+    attempt. Options: max_attempts, backoff_base, backoff_max, jitter, lease_s, max_execute_s, timeout,
     idempotent_conflicts, valid_payload, encode/decode, depends_on, consumer_id; flow control:
     global_concurrency (at most N running across every worker), rate_limit ("N/s", "N/m", "N/h": at most N
     starts per period), limit_by (a payload field or a callable payload -> str: the limits apply per key).

@@ -14,6 +14,7 @@ Threads, each with its own connection:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import queue as queue_module
@@ -99,6 +100,10 @@ class Worker:
         self._draining = threading.Event()  # handler threads hand back jobs they have not started
         self._finished = threading.Event()  # the completer may exit once outcomes are written
         self._unstarted: list[ClaimedJob] = []
+        # Sync handlers still running after their job was abandoned (timed out or cancelled): their stacks are
+        # still reported as stuck, their threads end when they return.
+        self._abandoned: dict[int, ClaimedJob] = {}
+        self._handler_threads = itertools.count()
         self._local = threading.local()
         self._threads: list[threading.Thread] = []
         self._async_loop: AsyncLoop | None = None
@@ -125,8 +130,8 @@ class Worker:
             sys.setswitchinterval(self.settings.worker_switch_interval_s)
         if any(c.is_async for c in self.consumers.values()):
             self._async_loop = AsyncLoop()
-        for i in range(self.concurrency):
-            self._spawn(self._handler_loop, f"outboxq-handler-{i}")
+        for _ in range(self.concurrency):
+            self._spawn_handler()
         self._spawn(self._completer_loop, "outboxq-completer")
         self._spawn(self._heartbeat_loop, "outboxq-heartbeat")
         if self.metrics_port is not None:
@@ -195,6 +200,9 @@ class Worker:
         """Jobs this worker holds the lease of (claimed and not yet written back)."""
         with self._lock:
             return len(self._in_flight)
+
+    def _spawn_handler(self) -> None:
+        self._spawn(self._handler_loop, f"outboxq-handler-{next(self._handler_threads)}")
 
     def _spawn(self, target: Any, name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -382,8 +390,14 @@ class Worker:
                 continue
             self.metrics.job_started(job)
             outcome = executor.execute(job, self._async_loop)
-            job.finished = True  # no more heartbeats or stack dumps for it
-            self._outcomes.put(outcome)
+            with self._lock:
+                abandoned = job.abandoned
+                job.finished = True  # no more heartbeats or stack dumps for it
+                self._abandoned.pop(job.id, None)
+            if not abandoned:
+                self._outcomes.put(outcome)
+            elif not job.consumer.is_async:
+                return  # a new handler thread took this one's place when the job was abandoned
 
     def _release_unstarted(self) -> None:
         while True:  # jobs still in the work queue were never started either
@@ -459,6 +473,13 @@ class Worker:
         """Write every outcome in one transaction: one statement completes all the successes."""
         to_complete = [o for o in outcomes if o.succeeded and not o.completed_in_transaction and not o.fenced]
         completed_ids: set[int] = set()
+        with_results = [o for o in outcomes if o.succeeded and not o.fenced and o.result_json is not None]
+        if with_results:
+            conn.execute(sql.job_store_results, {
+                "ids": [o.job.id for o in with_results],
+                "lease_tokens": [None if o.completed_in_transaction else o.job.lease_token for o in with_results],
+                "results": [o.result_json for o in with_results],
+            })
         if to_complete:
             rows = conn.execute(sql.job_complete_batch, {
                 "ids": [o.job.id for o in to_complete],
@@ -472,6 +493,11 @@ class Worker:
             if o.cancelled:
                 failed_writes.append((o, conn.execute(sql.job_finish_cancelled, {
                     "id": o.job.id, "lease_token": o.job.lease_token}).fetchone()))
+                continue
+            if o.snooze_s is not None:
+                failed_writes.append((o, conn.execute(sql.job_snooze, {
+                    "id": o.job.id, "lease_token": o.job.lease_token, "delay": o.snooze_s,
+                    "error": o.error}).fetchone()))
                 continue
             policy = o.job.consumer.retry_policy(self.settings)
             dead = policy.is_exhausted(o.job.attempts, o.job.max_attempts)
@@ -496,6 +522,8 @@ class Worker:
                 self._log_fenced(o, "cancel" if o.cancelled else "failure")
             elif o.cancelled:
                 self.stats["cancelled"] += 1
+            elif o.snooze_s is not None:
+                o.job.ctx.log.info("job %s snoozed for %g s", o.job.id, o.snooze_s)
             else:
                 self.stats["failed"] += 1
                 o.job.ctx.log.warning("job %s attempt %d failed (%s): now %s", o.job.id, o.job.attempts,
@@ -571,9 +599,39 @@ class Worker:
                                         job.id)
             elif alive[job.id]:
                 job.ctx.request_cancel()
+                self._abandon(job, Outcome(job=job, succeeded=False, error="cancelled while running",
+                                           cancelled=True))
 
     def _check_stuck(self, now: float) -> None:
+        """Log stuck handlers' stacks, and give up on attempts past their consumer's timeout."""
         with self._lock:
             started = [j for j in self._in_flight.values() if j.started_monotonic is not None and not j.finished]
+            started += self._abandoned.values()
         for job in started:
             executor.report_stuck(job, now)
+            timeout = job.consumer.effective_timeout_s(self.settings)
+            if timeout is not None and not job.abandoned and now - job.started_monotonic > timeout:  # type: ignore[operator]
+                self._abandon(job, Outcome(job=job, succeeded=False, error=f"timed out after {timeout:g} s "
+                                           "(the consumer's timeout)", duration_s=now - job.started_monotonic))  # type: ignore[operator]
+
+    def _abandon(self, job: ClaimedJob, outcome: Outcome) -> None:
+        """Stop waiting for a running handler: write `outcome` (failed or cancelled; the write revokes the
+        lease, so the handler's later ctx.transaction() is refused), cancel an async handler's task, and give
+        a sync handler's slot to a new thread (Python cannot stop the old one; it ends when the handler
+        returns)."""
+        with self._lock:
+            if job.finished or job.abandoned:
+                return
+            job.abandoned = True
+            if not job.consumer.is_async:
+                self._abandoned[job.id] = job
+        assert job.ctx is not None
+        job.ctx.request_cancel()
+        if job.task is not None and self._async_loop is not None:
+            self._async_loop.loop.call_soon_threadsafe(job.task.cancel)
+        self._outcomes.put(outcome)
+        if not job.consumer.is_async:
+            self._spawn_handler()
+        job.ctx.log.warning("job %s: %s; %s", job.id, outcome.error,
+                            "its task was cancelled" if job.consumer.is_async else
+                            "its lease is revoked and its handler slot given to a new thread")

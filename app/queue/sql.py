@@ -237,6 +237,41 @@ queue_failing AS (
 SELECT id, status FROM failed
 """
 
+# A handler's Snooze, fenced: back to the queue after `delay` seconds with its attempt given back (attempts
+# counts attempts, not snoozes), and the snooze in the job's history.
+job_snooze = """
+WITH snoozed AS (
+    UPDATE outboxq_jobs
+    SET status = 'queued', run_at = now() + %(delay)s::float8 * interval '1 second',
+        attempts = attempts - 1, snoozes = snoozes + 1, lease_token = NULL, lease_expires_at = NULL
+    WHERE id = %(id)s AND lease_token = %(lease_token)s AND status = 'running'
+    RETURNING id, attempts
+),
+history AS (
+    INSERT INTO outboxq_job_errors (job_id, attempt, error, kind)
+    SELECT id, attempts + 1, %(error)s, 'snooze' FROM snoozed
+)
+SELECT id, 'queued' AS status FROM snoozed
+"""
+
+# The handlers' return values, written just before their jobs are completed (same transaction, same fence).
+# A job completed inside ctx.transaction() no longer has a lease: its result goes to its row if it is done.
+job_store_results = """
+UPDATE outboxq_jobs j
+SET result = r.result
+FROM unnest(%(ids)s::bigint[], %(lease_tokens)s::uuid[], %(results)s::jsonb[]) AS r(id, lease_token, result)
+WHERE j.id = r.id
+  AND ((j.status = 'running' AND j.lease_token = r.lease_token)
+       OR (r.lease_token IS NULL AND j.status = 'done' AND j.result IS NULL))
+"""
+
+# ctx.set_progress(), fenced by the lease.
+job_set_progress = """
+UPDATE outboxq_jobs SET progress = %(progress)s, progress_message = %(message)s
+WHERE id = %(id)s AND lease_token = %(lease_token)s AND status = 'running'
+RETURNING id
+"""
+
 # A cancel the handler honoured (it saw ctx.cancelled and stopped), fenced.
 job_finish_cancelled = """
 UPDATE outboxq_jobs
