@@ -80,11 +80,11 @@ def test_waiting_job_says_why_when_a_dependency_is_dead_or_cancelled_and_admin_r
         dict_conn.commit()
     assert status_of(db_url, dep.id) == how
 
-    assert promote.run_once(dict_conn) == {"released": 0, "reasons_changed": 1}
+    assert promote.run_once(dict_conn) == {"released": 0, "reasons_changed": 1, "cancelled": 0}
     job = get_job(dict_conn, waiting.id)
     assert job.status is JobStatus.WAITING
     assert job.waiting_reason == f"dependency {dep.id} (queue charge, key order-7) is {how}"
-    assert promote.run_once(dict_conn) == {"released": 0, "reasons_changed": 0}  # stable, no churn
+    assert promote.run_once(dict_conn) == {"released": 0, "reasons_changed": 0, "cancelled": 0}  # stable, no churn
 
     admin.retry_job(dict_conn, dep.id)
     dict_conn.commit()
@@ -143,3 +143,31 @@ def test_prune_keeps_a_cancelled_dependency_while_a_job_still_waits_on_it(dict_c
     admin.cancel_job(dict_conn, waiting.id)
     dict_conn.commit()
     assert prune.run_once(dict_conn, now=later) == 2  # both go once nothing waits any more
+
+
+def test_on_dependency_failure_cancel_cancels_the_chain_and_run_releases(dict_conn, db_url):
+    register(Consumer("charge", lambda p: None, max_attempts=1))
+    dep = enqueue(dict_conn, "charge", {}, key="order-9")
+    cancel_first = enqueue(dict_conn, "ship", {}, key="ship-9", depends_on=[("charge", "order-9")],
+                           on_dependency_failure="cancel")
+    cancel_second = enqueue(dict_conn, "notify", {}, depends_on=[("ship", "ship-9")],
+                            on_dependency_failure="cancel")
+    run_anyway = enqueue(dict_conn, "cleanup", {}, depends_on=[("charge", "order-9")], on_dependency_failure="run")
+    waits = enqueue(dict_conn, "audit", {}, depends_on=[("charge", "order-9")])
+    dict_conn.commit()
+    admin.cancel_job(dict_conn, dep.id)
+    dict_conn.commit()
+
+    result = promote.run_once(dict_conn)
+    assert result["cancelled"] == 2 and result["released"] == 1
+    first, second = get_job(dict_conn, cancel_first.id), get_job(dict_conn, cancel_second.id)
+    assert first.status is JobStatus.CANCELLED and f"dependency {dep.id}" in first.last_error
+    assert second.status is JobStatus.CANCELLED and f"dependency {cancel_first.id}" in second.last_error
+    assert get_job(dict_conn, run_anyway.id).status is JobStatus.QUEUED
+    assert get_job(dict_conn, waits.id).status is JobStatus.WAITING  # "wait", the default, keeps waiting
+
+    # Enqueued after the dependency failed: decided at once.
+    late_cancel = enqueue(dict_conn, "ship", {}, depends_on=[("charge", "order-9")], on_dependency_failure="cancel")
+    late_run = enqueue(dict_conn, "cleanup", {}, depends_on=[("charge", "order-9")], on_dependency_failure="run")
+    dict_conn.commit()
+    assert late_cancel.status is JobStatus.CANCELLED and late_run.status is JobStatus.QUEUED

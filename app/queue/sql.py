@@ -367,6 +367,44 @@ notified AS (SELECT pg_notify('{NOTIFY_CHANNEL}', queue) FROM (SELECT DISTINCT q
 SELECT (SELECT count(*) FROM released) AS released, (SELECT count(*) FROM notified) AS queues
 """
 
+# on_dependency_failure="cancel": a waiting job with a dead or cancelled dependency is cancelled, the reason
+# naming it. Its own waiting dependents see it cancelled on the next pass (maintenance repeats this until it
+# cancels nothing), so a chain is cancelled link by link.
+job_cancel_on_failed_dependency = """
+WITH failed AS (
+    SELECT w.id,
+           string_agg(format('dependency %%s (queue %%s, key %%s) is %%s', dep.id, dep.queue,
+                             coalesce(dep.key, '-'), dep.status), '; ' ORDER BY dep.id) AS reason
+    FROM outboxq_jobs w
+    JOIN outboxq_job_dependencies d ON d.job_id = w.id
+    JOIN outboxq_jobs dep ON dep.id = d.depends_on_id
+    WHERE w.status = 'waiting' AND w.on_dependency_failure = 'cancel' AND dep.status IN ('dead', 'cancelled')
+    GROUP BY w.id
+)
+UPDATE outboxq_jobs w
+SET status = 'cancelled', finished_at = now(), waiting_reason = failed.reason,
+    last_error = 'cancelled: ' || failed.reason
+FROM failed
+WHERE w.id = failed.id AND w.status = 'waiting'
+RETURNING w.id
+"""
+
+# on_dependency_failure="run": a waiting job runs once every dependency has finished, done or not.
+job_release_on_failed_dependency = f"""
+WITH released AS (
+    UPDATE outboxq_jobs w
+    SET status = 'queued', waiting_reason = NULL
+    WHERE w.status = 'waiting' AND w.on_dependency_failure = 'run'
+      AND NOT EXISTS (
+          SELECT 1 FROM outboxq_job_dependencies d
+          JOIN outboxq_jobs dep ON dep.id = d.depends_on_id
+          WHERE d.job_id = w.id AND dep.status NOT IN ('done', 'dead', 'cancelled'))
+    RETURNING w.id, w.queue
+),
+notified AS (SELECT pg_notify('{NOTIFY_CHANNEL}', queue) FROM (SELECT DISTINCT queue FROM released) q)
+SELECT (SELECT count(*) FROM released) AS released, (SELECT count(*) FROM notified) AS queues
+"""
+
 # A waiting job says why it cannot run when a dependency is dead or cancelled; the reason is cleared when
 # that dependency is retried.
 job_update_waiting_reasons = """
@@ -494,7 +532,7 @@ LIMIT %(limit)s
 """
 
 job_error_history = """
-SELECT attempt, error, traceback, failed_at FROM outboxq_job_errors
+SELECT attempt, error, traceback, failed_at, kind FROM outboxq_job_errors
 WHERE job_id = %(id)s ORDER BY id
 """
 
@@ -564,7 +602,7 @@ done AS (
 failed AS (
     SELECT date_trunc('minute', e.failed_at) AS minute, count(*) AS n
     FROM outboxq_job_errors e JOIN outboxq_jobs j ON j.id = e.job_id
-    WHERE e.failed_at > %(now)s::timestamptz - %(minutes)s * interval '1 minute'
+    WHERE e.failed_at > %(now)s::timestamptz - %(minutes)s * interval '1 minute' AND e.kind = 'error'
       AND (%(queue)s::text IS NULL OR j.queue = %(queue)s)
     GROUP BY 1
 )

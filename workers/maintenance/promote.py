@@ -10,19 +10,33 @@ from psycopg.rows import dict_row
 from outboxq.queue import sql
 
 
+# Links of a chain of on_dependency_failure="cancel" dependents cancelled per pass, at most.
+MAX_CANCEL_DEPTH = 100
+
+
 def run_once(conn: Any, *, now: datetime | None = None) -> dict[str, int]:
-    """One pass (committed here): {"released": n, "reasons_changed": m}.
+    """One pass (committed here): {"released": n, "reasons_changed": m, "cancelled": c}.
 
     Completing a job already releases its dependents in the same statement; this pass is the safety net
-    for a dependency that finished while its dependent's transaction was still open, and it records why a
-    job cannot run when a dependency is dead or cancelled. Scheduled jobs need no promotion: the claim
+    for a dependency that finished while its dependent's transaction was still open; it applies each waiting
+    job's on_dependency_failure when a dependency is dead or cancelled ("run" releases it, "cancel" cancels it
+    and, transitively, its own "cancel" dependents), and records why the others cannot run. Scheduled jobs need no promotion: the claim
     itself skips jobs whose run_at is in the future.
     """
     del now  # dependencies do not depend on the clock; the argument keeps the maintenance interface uniform
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(sql.job_release_ready_waiting, {})
         released = cur.fetchone()["released"]
+        cur.execute(sql.job_release_on_failed_dependency, {})
+        released += cur.fetchone()["released"]
+        cancelled = 0
+        for _ in range(MAX_CANCEL_DEPTH):  # dependents of a cancelled dependent are cancelled on the next round
+            cur.execute(sql.job_cancel_on_failed_dependency, {})
+            newly = len(cur.fetchall())
+            cancelled += newly
+            if not newly:
+                break
         cur.execute(sql.job_update_waiting_reasons, {})
         reasons_changed = len(cur.fetchall())
     conn.commit()
-    return {"released": int(released), "reasons_changed": reasons_changed}
+    return {"released": int(released), "reasons_changed": reasons_changed, "cancelled": cancelled}

@@ -159,13 +159,15 @@ async function showJob(id) {
         <tr><th>attempts</th><td id="job-attempts">${job.attempts} of ${job.max_attempts ?? "default"}</td><th>run at</th><td>${esc(job.run_at)}</td></tr>
         <tr><th>created</th><td>${esc(job.created_at)}</td><th>started</th><td>${esc(job.started_at)}</td></tr>
         <tr><th>finished</th><td>${esc(job.finished_at)}</td><th>last error</th><td>${esc(job.last_error)}</td></tr>
+        <tr><th>progress</th><td id="job-progress">${job.progress == null ? "" : `${Math.round(job.progress * 100)}% ${esc(job.progress_message)}`}</td><th>snoozes</th><td>${job.snoozes ?? 0}</td></tr>
       </table>
       <h3>Payload</h3><pre id="payload">${esc(JSON.stringify(job.payload, null, 2))}</pre>
+      ${job.result == null ? "" : `<h3>Result</h3><pre id="result">${esc(JSON.stringify(job.result, null, 2))}</pre>`}
       <h3>Waits for</h3>${related(dependencies.depends_on || [])}
       <h3>Waited for by</h3>${related(dependencies.dependents || [])}
       <h3>Errors</h3>
       <div id="errors">${errorItems.length ? errorItems.map(e => `
-        <div><strong>attempt ${e.attempt}</strong> at ${esc(e.failed_at)}: ${esc(e.error)}
+        <div><strong>attempt ${e.attempt}${e.kind === "snooze" ? " (snooze)" : ""}</strong> at ${esc(e.failed_at)}: ${esc(e.error)}
         ${e.traceback ? `<pre>${esc(e.traceback)}</pre>` : ""}</div>`).join("") : "<p>none</p>"}</div>
     </section>`;
   document.getElementById("retry-job").addEventListener("click", () => act(`Retry job ${id}`, "POST", `/v1/jobs/${id}/retry`, () => showJob(id)));
