@@ -9,7 +9,6 @@ from psycopg.rows import dict_row
 
 from outboxq.queue import sql
 
-
 # Links of a chain of on_dependency_failure="cancel" dependents cancelled per pass, at most.
 MAX_CANCEL_DEPTH = 100
 
