@@ -63,6 +63,15 @@ def make_machine(url: str):
             outcome = Outcome(job=job, succeeded=succeed, error=None if succeed else "fail")
             self.workers[worker].write_outcomes(self.conn, [outcome])
 
+        @rule(worker=st.integers(0, 1), data=st.data(), seconds=st.sampled_from([0.0, 60.0]))
+        def snooze(self, worker, data, seconds):
+            """A handler raised Snooze(seconds): its attempt is given back (sql.job_snooze)."""
+            if not self.held[worker]:
+                return
+            job = self.held[worker].pop(data.draw(st.sampled_from(sorted(self.held[worker]))))
+            outcome = Outcome(job=job, succeeded=False, error=f"snoozed for {seconds:g} s", snooze_s=seconds)
+            self.workers[worker].write_outcomes(self.conn, [outcome])
+
         @rule(worker=st.integers(0, 1), data=st.data())
         def hand_back_unstarted(self, worker, data):
             """A stopping worker releases a claimed job it never started (sql.job_release_unstarted)."""

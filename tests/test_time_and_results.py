@@ -195,3 +195,48 @@ def test_an_async_handler_past_its_timeout_is_cancelled_and_retried(db_url):
 def test_timeout_is_validated():
     with pytest.raises(InvalidInput, match="timeout"):
         register(Consumer("bad-timeout", lambda payload: None, timeout=-1))
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+def test_cancelling_a_running_job_stops_it_at_once(db_url, kind):
+    from outboxq.queue import admin
+
+    started, handler_ended = threading.Event(), threading.Event()
+    late_write: list[BaseException | None] = []
+
+    async def async_hang(payload, ctx):
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        finally:
+            handler_ended.set()
+
+    def sync_hang(payload, ctx):
+        started.set()
+        time.sleep(2.0)
+        try:
+            with ctx.transaction() as conn:
+                conn.execute("SELECT 1")
+            late_write.append(None)
+        except LeaseLost as exc:
+            late_write.append(exc)
+        handler_ended.set()
+
+    handler = async_hang if kind == "async" else sync_hang
+    # The lease (60 s) makes the regular heartbeat come every 20 s: only the cancel notice can be this quick.
+    worker = Worker([Consumer("hang", handler, lease_s=60)], url=db_url, poll_interval=0.05, concurrency=1,
+                    run_maintenance=False).start()
+    try:
+        job_id = _enqueue(db_url, "hang")
+        assert started.wait(10)
+        requested = time.monotonic()
+        with psycopg.connect(db_url) as c:
+            admin.cancel_job(c, job_id)
+            c.commit()
+        wait_for(lambda: status_of(db_url, job_id) == "cancelled", timeout=10)
+        assert time.monotonic() - requested < 2.0
+        assert handler_ended.wait(10)
+    finally:
+        worker.stop(timeout=5)
+    if kind == "sync":
+        assert isinstance(late_write[0], LeaseLost)

@@ -33,6 +33,7 @@ from psycopg.rows import dict_row
 from outboxq.db import database_url, url_in_schema
 from outboxq.queue import limits as flow_limits
 from outboxq.queue import limits_sql, sql
+from outboxq.queue.schema import CANCEL_NOTICE
 from outboxq.settings import Settings, get_settings
 from outboxq.workers import executor
 from outboxq.workers.context import JobContext
@@ -103,6 +104,7 @@ class Worker:
         # Sync handlers still running after their job was abandoned (timed out or cancelled): their stacks are
         # still reported as stuck, their threads end when they return.
         self._abandoned: dict[int, ClaimedJob] = {}
+        self._heartbeat_now = threading.Event()  # set on a cancel notice, and to stop the heartbeat
         self._handler_threads = itertools.count()
         self._local = threading.local()
         self._threads: list[threading.Thread] = []
@@ -175,6 +177,7 @@ class Worker:
             log.warning("shutdown timeout: handlers still running; their leases will expire and be rescued")
         self._release_unstarted()
         self._finished.set()
+        self._heartbeat_now.set()
         self._outcomes.put(None)
         for t in self._threads:
             if not t.name.startswith("outboxq-handler"):
@@ -210,6 +213,9 @@ class Worker:
         self._threads.append(thread)
 
     def _on_notify(self, queue: str) -> None:
+        if queue == CANCEL_NOTICE:
+            self._heartbeat_now.set()  # a running job's cancel was requested: the heartbeat reads which
+            return
         if queue == "*":
             for q in self._idle_until:
                 self._idle_until[q] = 0.0
@@ -567,7 +573,9 @@ class Worker:
                 if conn is not None:
                     conn.close()
                 conn = None
-            self._finished.wait(tick)
+            if self._heartbeat_now.wait(tick):
+                self._heartbeat_now.clear()
+                last_heartbeat = 0.0
         if conn is not None:
             conn.close()
 

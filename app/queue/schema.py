@@ -289,6 +289,8 @@ spark_batches = Table(
 VERSION_TABLE = "outboxq_alembic_version"
 
 NOTIFY_CHANNEL = "outboxq_jobs"
+# Sent on NOTIFY_CHANNEL when a running job's cancel is requested (no queue name can contain "!").
+CANCEL_NOTICE = "!cancel"
 
 NOTIFY_FUNCTION_DDL = f"""
 CREATE OR REPLACE FUNCTION outboxq_notify_new_jobs() RETURNS trigger LANGUAGE plpgsql AS $$

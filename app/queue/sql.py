@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from outboxq.queue.schema import KEY_HELD_PREDICATE, NOTIFY_CHANNEL, VERSION_TABLE, metadata
+from outboxq.queue.schema import CANCEL_NOTICE, KEY_HELD_PREDICATE, NOTIFY_CHANNEL, VERSION_TABLE, metadata
 
 # outboxq's table names, longest first so that outboxq_jobs never matches inside outboxq_jobs_x.
 _TABLE_NAME = re.compile(
@@ -508,13 +508,19 @@ WHERE id = %(id)s AND status = 'done'
 RETURNING id
 """
 
-job_cancel = """
-UPDATE outboxq_jobs
-SET status = CASE WHEN status = 'running' THEN status ELSE 'cancelled' END,
-    finished_at = CASE WHEN status = 'running' THEN finished_at ELSE now() END,
-    cancel_requested = true
-WHERE id = %(id)s AND status IN ('queued', 'waiting', 'retrying', 'running')
-RETURNING id, status
+# A running job is only asked to stop: the notification wakes every worker's heartbeat, and the one holding
+# the job stops its handler at once.
+job_cancel = f"""
+WITH cancelled AS (
+    UPDATE outboxq_jobs
+    SET status = CASE WHEN status = 'running' THEN status ELSE 'cancelled' END,
+        finished_at = CASE WHEN status = 'running' THEN finished_at ELSE now() END,
+        cancel_requested = true
+    WHERE id = %(id)s AND status IN ('queued', 'waiting', 'retrying', 'running')
+    RETURNING id, status
+),
+notified AS (SELECT pg_notify('{NOTIFY_CHANNEL}', '{CANCEL_NOTICE}') FROM cancelled WHERE status = 'running')
+SELECT id, status, (SELECT count(*) FROM notified) AS notified FROM cancelled
 """
 
 queue_set_paused = """
