@@ -12,6 +12,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+from outboxq import tracing
 from outboxq.errors import LeaseLost, Snooze
 from outboxq.queue import context as job_context
 from outboxq.workers.context import JobContext
@@ -61,6 +62,21 @@ class Outcome:
     result_json: str | None = None  # the return value as JSON, stored with the job; None when it returned None
     snooze_s: float | None = None  # raised Snooze(seconds): run again then, the attempt given back
 
+    @property
+    def label(self) -> str:
+        """succeeded, failed, timed_out, snoozed, cancelled or fenced: what the handler run came to."""
+        if self.fenced:
+            return "fenced"
+        if self.snooze_s is not None:
+            return "snoozed"
+        if self.cancelled:
+            return "cancelled"
+        if self.succeeded:
+            return "succeeded"
+        if self.error and "timed out" in self.error:
+            return "timed_out"
+        return "failed"
+
 
 def is_unique_violation(exc: BaseException) -> bool:
     """True for a unique-violation raised by psycopg, directly or wrapped by SQLAlchemy."""
@@ -102,7 +118,16 @@ class AsyncLoop:
 
 
 def execute(job: ClaimedJob, async_loop: AsyncLoop | None) -> Outcome:
-    """Run the job's handler in the calling thread and classify the result."""
+    """Run the job's handler in the calling thread and classify the result (in a span when tracing)."""
+    if not tracing.enabled():
+        return _execute(job, async_loop)
+    with tracing.consumer_span(job.queue, job.id, job.attempts, job.context) as span:
+        outcome = _execute(job, async_loop)
+        tracing.set_outcome(span, outcome.label, outcome.error)
+    return outcome
+
+
+def _execute(job: ClaimedJob, async_loop: AsyncLoop | None) -> Outcome:
     consumer = job.consumer
     ctx = job.ctx
     assert ctx is not None

@@ -22,21 +22,6 @@ from outboxq.workers.executor import ClaimedJob, Outcome
 DURATION_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
-def outcome_label(outcome: Outcome) -> str:
-    """succeeded, failed, timed_out, snoozed, cancelled or fenced: what the handler run came to."""
-    if outcome.fenced:
-        return "fenced"
-    if outcome.snooze_s is not None:
-        return "snoozed"
-    if outcome.cancelled:
-        return "cancelled"
-    if outcome.succeeded:
-        return "succeeded"
-    if outcome.error and "timed out" in outcome.error:
-        return "timed_out"
-    return "failed"
-
-
 class WorkerMetrics:
     """The metrics of one worker, in a registry of their own (several workers may share a process in tests)."""
 
@@ -67,7 +52,7 @@ class WorkerMetrics:
         with self._lock:
             for outcome in outcomes:
                 queue = outcome.job.queue
-                self._finished[(queue, outcome_label(outcome))] += 1
+                self._finished[(queue, outcome.label)] += 1
                 histogram = self._durations.get(queue)
                 if histogram is None:
                     histogram = self._durations[queue] = [0.0] * (len(DURATION_BUCKETS_S) + 2)

@@ -82,6 +82,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     from outboxq.ui import mount_ui
 
     mount_ui(app)
+    from outboxq import tracing
+
+    tracing.instrument_app(app)  # request spans, when the otel extra is installed
     return app
 
 

@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from outboxq import tracing
+
 _UNSET = object()
 _resolved: tuple[tuple[str, contextvars.ContextVar], ...] | None = None
 
@@ -37,16 +39,18 @@ def _variables() -> tuple[tuple[str, contextvars.ContextVar], ...]:
     return _resolved
 
 
-def capture() -> str | None:
-    """The set values of the configured context variables, as JSON text (None when there are none)."""
-    variables = _variables()
-    if not variables:
-        return None
+def capture(queue: str | None = None) -> str | None:
+    """The set values of the configured context variables, and (when tracing) the W3C trace context of an
+    enqueue span for `queue`, as JSON text; None when there is nothing to keep."""
     values = {}
-    for name, var in variables:
+    for name, var in _variables():
         value = var.get(_UNSET)
         if value is not _UNSET:
             values[name] = value
+    if queue is not None:
+        carrier = tracing.enqueue_carrier(queue)  # keys "traceparent"/"tracestate": never a "module:name"
+        if carrier:
+            values.update(carrier)
     return json.dumps(values, default=str) if values else None
 
 

@@ -338,7 +338,7 @@ def _enqueue_plan(
     hooks = _payload_hooks.get(queue)
     if hooks is not None and hooks.depends_on is not None:
         depends_on = [*depends_on, *hooks.depends_on(payload)]
-    context = job_context.capture()
+    context = job_context.capture(queue)
     if window_s is not None:
         holders = yield from _recent_with_keys(queue, [key], window_s)
         if holders:
@@ -411,7 +411,7 @@ def _enqueue_many_plan(
     if not payloads:
         return []
     encoded = [encode_payload(queue, p) for p in payloads]
-    context = job_context.capture()
+    context = job_context.capture(queue)
     options = {"priority": priority, "run_at": run_at, "delay_s": delay_s, "max_attempts": max_attempts,
                "context": context}
     if all(k is None for k in key_list):
