@@ -65,6 +65,10 @@ class Settings(BaseSettings):
     db_pool_max: int = 10
     host: str = "127.0.0.1"
     port: int = 8000
+    # A client (address) that sent this many wrong tokens within the window is answered 429 until the oldest
+    # of them leaves the window.
+    auth_max_failures: int = Field(default=10, ge=1)
+    auth_failure_window_s: float = Field(default=60.0, gt=0)
     # HMAC key of the listing markers; empty: a random key per process (markers then do not survive a
     # restart). Set it when several API processes serve the same clients.
     marker_secret: str = ""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 
 import pytest
 
@@ -41,7 +42,8 @@ def test_every_route_except_probes_and_metrics_declares_a_scope(db_url):
 def test_every_scoped_route_answers_401_and_403(db_url):
     routes = _scoped_routes(db_url)
     assert len(routes) >= 15
-    with api_client(db_url, None) as client:
+    # One wrong token per route: more than the default limit of wrong tokens (429, tested below).
+    with api_client(db_url, None, auth_max_failures=1000) as client:
         for method, path, scope in routes:
             r = client.request(method, path)
             assert r.status_code == 401, (method, path, r.text)
@@ -116,3 +118,17 @@ def test_tokens_shorter_than_16_characters_are_refused_at_start(spec):
     with pytest.raises(ValueError, match="shorter than 16 characters") as refused:
         parse_tokens(spec)
     assert spec.split(":")[0] not in str(refused.value)  # the message never repeats the token
+
+
+def test_repeated_wrong_tokens_are_answered_429_with_retry_after_then_allowed_again(db_url):
+    with api_client(db_url, scope=None, auth_max_failures=3, auth_failure_window_s=1.0) as api:
+        wrong = {"Authorization": "Bearer this-is-not-a-configured-token"}
+        for _ in range(3):
+            assert api.get("/v1/queues", headers=wrong).status_code == 401
+        refused = api.get("/v1/queues", headers=wrong)
+        assert refused.status_code == 429 and refused.headers["Retry-After"] in ("1",)
+        assert refused.json()["error"]["code"] == "too_many_failed_authentications"
+        # While refused, even the right token is answered 429: a guess learns nothing.
+        assert api.get("/v1/queues", headers=auth("read")).status_code == 429
+        time.sleep(1.1)
+        assert api.get("/v1/queues", headers=auth("read")).status_code == 200

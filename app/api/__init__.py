@@ -14,7 +14,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from outboxq.api import errors
-from outboxq.api.auth import parse_tokens
+from outboxq.api.auth import FailedAuthLimiter, parse_tokens
 from outboxq.api.routes import admin, health, jobs, metrics, queues, spark, stats
 from outboxq.api.routing import ApiState
 from outboxq.db import database_url
@@ -40,6 +40,7 @@ def create_router(settings: Settings | None = None) -> APIRouter:
         marker_secret=(settings.marker_secret or secrets.token_hex(32)).encode(),
         health_monitor=HealthMonitor(healthy_allowed_error_time_s=settings.healthy_allowed_error_time_s,
                                      startup_grace_s=settings.health_startup_grace_s),
+        auth_limiter=FailedAuthLimiter(settings.auth_max_failures, settings.auth_failure_window_s),
     )
 
     @asynccontextmanager

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
+import threading
+import time
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from functools import cache
 from typing import Annotated, Any
@@ -79,15 +83,61 @@ def authenticate(tokens: list[TokenEntry], presented: str) -> Principal | None:
     return Principal(found.digest.hex()[:16], found.scopes)
 
 
+class FailedAuthLimiter:
+    """Counts wrong tokens per client address in a sliding window; over the limit, the client is answered 429
+    (whatever token it sends, so that guessing learns nothing) until its oldest failure leaves the window."""
+
+    MAX_CLIENTS = 10_000  # clients tracked at once; the least recently failing ones are forgotten first
+
+    def __init__(self, max_failures: int, window_s: float):
+        self.max_failures, self.window_s = max_failures, window_s
+        self._failures: OrderedDict[str, deque[float]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def retry_after(self, client: str) -> float | None:
+        """Seconds until `client` may try again, or None when it may try now."""
+        with self._lock:
+            failures = self._recent(client, time.monotonic())
+            if failures is None or len(failures) < self.max_failures:
+                return None
+            return max(0.0, failures[0] + self.window_s - time.monotonic())
+
+    def failed(self, client: str) -> None:
+        """Record a wrong token from `client`."""
+        now = time.monotonic()
+        with self._lock:
+            failures = self._recent(client, now)
+            if failures is None:
+                failures = self._failures[client] = deque(maxlen=self.max_failures)
+                if len(self._failures) > self.MAX_CLIENTS:
+                    self._failures.popitem(last=False)
+            failures.append(now)
+            self._failures.move_to_end(client)
+
+    def _recent(self, client: str, now: float) -> deque[float] | None:
+        failures = self._failures.get(client)
+        while failures and failures[0] <= now - self.window_s:
+            failures.popleft()
+        return failures
+
+
 def check(request: Request, credentials: HTTPAuthorizationCredentials | None, scope: str) -> Principal:
-    """The request's principal when it holds `scope`; 401 or 403 otherwise."""
+    """The request's principal when it holds `scope`; 401 or 403 otherwise, 429 after too many wrong tokens."""
     if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
         raise ApiProblem(401, "unauthorized", "send Authorization: Bearer <token> (tokens come from "
                          "OUTBOXQ_API_TOKENS)", {"WWW-Authenticate": "Bearer"})
     from outboxq.api.routing import api_state  # routing imports this module (TokenEntry)
 
-    principal = authenticate(api_state(request).tokens, credentials.credentials)
+    state = api_state(request)
+    client = request.client.host if request.client else "unknown"
+    wait_s = state.auth_limiter.retry_after(client)
+    if wait_s is not None:
+        raise ApiProblem(429, "too_many_failed_authentications",
+                         f"too many wrong tokens from this address; try again in {math.ceil(wait_s)} s",
+                         {"Retry-After": str(math.ceil(wait_s))})
+    principal = authenticate(state.tokens, credentials.credentials)
     if principal is None:
+        state.auth_limiter.failed(client)
         raise ApiProblem(401, "unauthorized", "unknown token", {"WWW-Authenticate": "Bearer"})
     if scope not in principal.scopes:
         raise ApiProblem(403, "forbidden", f"this route needs a token with the {scope!r} scope")

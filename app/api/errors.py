@@ -62,13 +62,16 @@ _DESCRIPTIONS = {
     409: "Conflict: a duplicate key, a job in the wrong status, or an Idempotency-Key reused with another body",
     413: "The payload (or the request) is over the size limit",
     422: "Invalid input: the message names the field and says what to fix",
+    429: "Too many wrong tokens from this address: wait Retry-After seconds",
     503: "The database is unavailable or its schema is not current",
 }
 
 
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI `responses` for these error statuses (503 is always listed: the database may be away)."""
-    return {s: {"model": ErrorResponse, "description": _DESCRIPTIONS[s]} for s in sorted({*statuses, 503})}
+    """OpenAPI `responses` for these error statuses (503 is always listed: the database may be away; 429 with
+    401: a client that keeps sending wrong tokens is slowed down)."""
+    listed = {*statuses, 503, *((429,) if 401 in statuses else ())}
+    return {s: {"model": ErrorResponse, "description": _DESCRIPTIONS[s]} for s in sorted(listed)}
 
 
 def error_json(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:

@@ -13,7 +13,7 @@ from fastapi.routing import APIRoute
 from psycopg_pool import ConnectionPool
 
 from outboxq.api import errors
-from outboxq.api.auth import TokenEntry
+from outboxq.api.auth import FailedAuthLimiter, TokenEntry
 from outboxq.queue.admin import HealthMonitor
 from outboxq.settings import Settings
 
@@ -29,6 +29,7 @@ class ApiState:
     tokens: list[TokenEntry]
     marker_secret: bytes
     health_monitor: HealthMonitor
+    auth_limiter: FailedAuthLimiter
     pool: ConnectionPool | None = field(default=None)
 
     def body_limit(self, batch: bool) -> int:
