@@ -124,7 +124,7 @@ def cmd_queues(args: argparse.Namespace) -> int:
     if usage:
         print("\nlimits (per key where per_key; running now, starts within the rate window)")
         for r in usage:
-            r["busiest_keys"] = ", ".join(f"{k}:{n}" for k, n in (r["busiest_keys"] or {}).items()) or None
+            r["busiest_keys"] = ", ".join(f"{k['key']}:{k['running']}" for k in r["busiest_keys"]) or None
         _print(usage, ["queue", "global_concurrency", "rate_limit", "per_key", "source", "running",
                        "recent_starts", "busiest_keys"], False)
     return 0
@@ -169,7 +169,8 @@ def cmd_queues_limit(args: argparse.Namespace) -> int:
                                    rate_limit=args.rate_limit, set_concurrency=set_concurrency,
                                    set_rate=set_rate)
         conn.commit()
-    print(f"queue {result.queue}: global concurrency {result.global_concurrency or 'unlimited'}, "
+    concurrency = "unlimited" if result.global_concurrency is None else result.global_concurrency
+    print(f"queue {result.queue}: global concurrency {concurrency}, "
           f"rate limit {result.rate_limit or 'none'}{' (per key)' if result.per_key else ''}")
     return 0
 

@@ -1,4 +1,4 @@
-"""Helpers shared by the tests: wait for a condition, read a job's status."""
+"""Helpers shared by the tests: wait for a condition, read a job's status, hold jobs of a limited queue."""
 
 from __future__ import annotations
 
@@ -22,3 +22,21 @@ def status_of(url: str, job_id: int) -> str:
     """The job's status, read on a fresh connection."""
     with psycopg.connect(url) as c:
         return c.execute("SELECT status FROM outboxq_jobs WHERE id = %s", (job_id,)).fetchone()[0]
+
+
+def claim_running(url: str, queue: str, limit_keys: list[str]) -> None:
+    """Enqueue one job per limit key in a per-key queue (global_concurrency=10 per key) and claim them all with
+    the worker's own claim: they stay running (under a lease) until the test ends."""
+    from outboxq import enqueue_many
+    from outboxq.queue import limits
+    from outboxq.workers.registry import Consumer
+    from outboxq.workers.runner import Worker
+
+    consumer = Consumer(queue, lambda payload: None, global_concurrency=10, limit_by="tenant")
+    with psycopg.connect(url) as conn:
+        enqueue_many(conn, queue, [{"n": i} for i in range(len(limit_keys))], limit_keys=limit_keys)
+        limits.declare(conn, consumer.limits)
+        conn.commit()
+    worker = Worker([consumer], url=url, run_maintenance=False, listen=False)
+    with worker._connect() as conn:
+        assert len(worker.claim(conn, consumer, len(limit_keys))) == len(limit_keys)

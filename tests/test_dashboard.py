@@ -19,6 +19,7 @@ import pytest
 from playwright.sync_api import sync_playwright
 
 from outboxq import enqueue, get_job
+from outboxq.queue import limits
 from outboxq.queue.jobs import JobStatus
 from outboxq.workers.registry import Consumer
 from outboxq.workers.runner import Worker
@@ -84,7 +85,8 @@ def test_dashboard_shows_queues_retries_a_failed_job_and_pauses_a_queue(db_url, 
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
             page = browser.new_page()
-            page.on("dialog", lambda dialog: dialog.accept())  # the confirmations
+            prompt_answers: list[str] = []  # what the next prompts answer; confirmations are accepted
+            page.on("dialog", lambda dialog: dialog.accept(prompt_answers.pop(0) if dialog.type == "prompt" else ""))
 
             page.goto(server + "/ui/")
             page.fill("#token", "wrong-token")
@@ -127,6 +129,24 @@ def test_dashboard_shows_queues_retries_a_failed_job_and_pauses_a_queue(db_url, 
             page.screenshot(path=str(SHOTS / "queue-paused.png"), full_page=True)
             page.click(f"{row} button[data-action='resume']")
             wait_for(lambda: status_of(db_url, held.id) is JobStatus.DONE)
+
+            # Flow control: change a queue's limits from the dashboard (two prompts); its row shows them.
+            assert page.inner_text(f"{row} td.limits") == "none"
+            prompt_answers.extend(["3", "20/m"])
+            page.click(f"{row} button[data-action='limits']")
+            page.wait_for_selector(f"{row} td.limits:has-text('limit 3')")
+            assert "limit 20/m" in page.inner_text(f"{row} td.limits")
+            with psycopg.connect(db_url) as conn:
+                stored = limits.load(conn)["ui-paused"]
+            assert (stored.global_concurrency, stored.rate_limit) == (3, "20/m")
+            page.screenshot(path=str(SHOTS / "queue-limits.png"), full_page=True)
+            # A value that is not a number: the API's message is shown and nothing changes.
+            prompt_answers.extend(["many", ""])
+            page.click(f"{row} button[data-action='limits']")
+            page.wait_for_selector("#flash.error")
+            assert "global_concurrency" in page.inner_text("#flash")
+            with psycopg.connect(db_url) as conn:
+                assert limits.load(conn)["ui-paused"].global_concurrency == 3
 
             # The queue's jobs page and the Spark page load.
             page.goto(server + "/ui/#/queues/ui-paused?status=done")

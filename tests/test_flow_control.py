@@ -7,6 +7,7 @@ rows: how many ran at once, how many started within any window of the rate limit
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -25,7 +26,7 @@ from outboxq.queue import limits
 from outboxq.workers.registry import Consumer
 from outboxq.workers.runner import Worker
 from tests.handlers_flow import RUNS_DDL
-from tests.support import wait_for
+from tests.support import claim_running, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -191,6 +192,21 @@ def test_a_limit_changed_at_run_time_takes_effect(db_url, tmp_path, capsys):
     assert _max_at_once(runs) == 3
     assert cli.main(["queues"]) == 0
     assert "flow_runtime" in capsys.readouterr().out
+
+
+def test_queues_command_shows_limits_usage_and_busiest_keys(db_url, capsys):
+    claim_running(db_url, "tenants", ["a", "a", "a", "b", "c"])
+    assert cli.main(["queues", "limit", "tenants", "--rate-limit", "5/m"]) == 0
+    assert "queue tenants: global concurrency 10, rate limit 5/m (per key)" in capsys.readouterr().out
+    assert cli.main(["queues"]) == 0
+    out = capsys.readouterr().out
+    limits_table = out[out.index("limits ("):]
+    row = next(line.split() for line in limits_table.splitlines() if line.startswith("tenants"))
+    assert row == ["tenants", "10", "5/m", "True", "operator", "5", "0", "a:3,", "b:1,", "c:1"]
+    assert cli.main(["queues", "--json"]) == 0
+    usage = json.loads(capsys.readouterr().out)["limits"]
+    assert usage[0]["busiest_keys"] == [{"key": "a", "running": 3}, {"key": "b", "running": 1},
+                                        {"key": "c", "running": 1}]
 
 
 def test_limit_key_given_to_enqueue_overrides_limit_by_and_bad_limits_are_refused(db_url):

@@ -15,7 +15,7 @@ from psycopg_pool import ConnectionPool
 
 from outboxq.api import errors
 from outboxq.api.auth import FailedAuthLimiter, parse_tokens
-from outboxq.api.routes import admin, health, jobs, metrics, queues, spark, stats
+from outboxq.api.routes import admin, health, jobs, limits, metrics, queues, spark, stats
 from outboxq.api.routing import ApiState
 from outboxq.db import database_url
 from outboxq.queue.admin import HealthMonitor
@@ -64,7 +64,7 @@ def create_router(settings: Settings | None = None) -> APIRouter:
             pool.close()
 
     router = APIRouter(lifespan=lifespan)
-    for module in (jobs, queues, admin, stats, health, metrics, spark):
+    for module in (jobs, queues, limits, admin, stats, health, metrics, spark):
         router.include_router(module.router)
     return router
 

@@ -96,13 +96,44 @@ class JobList(BaseModel):
     items: list[JobPublic]
 
 
+class KeyUsage(BaseModel):
+    """A limit key of a per-key queue and how many of its jobs run now."""
+
+    key: str | None
+    running: int
+
+
+class QueueLimitsPublic(BaseModel):
+    """A queue's limits (per key when per_key) and their use now: jobs running, starts in the rate window."""
+
+    queue: str
+    global_concurrency: int | None
+    rate_limit: str | None = Field(description="N/s, N/m or N/h; null when none")
+    per_key: bool
+    source: str = Field(description="consumer (declared by @consumer) or operator (set at run time)")
+    running: int
+    recent_starts: int = Field(description="starts within the last rate-limit period")
+    busiest_keys: list[KeyUsage] = Field(description="per-key queues: the five keys with most jobs running")
+
+
+class QueueLimitsChange(RequestModel):
+    """New limits for a queue: each field given replaces the current limit (null removes it); fields left out
+    keep theirs."""
+
+    global_concurrency: int | None = Field(None, ge=0, le=2**31 - 1, strict=True,
+                                           description="at most N running (per key with limit_by)")
+    rate_limit: str | None = Field(None, max_length=32, description="at most N starts per period: N/s, N/m or N/h")
+
+
 class QueueSummary(BaseModel):
-    """A queue: counts per status, paused, failing since when."""
+    """A queue: counts per status, paused, failing since when, and its limits with their usage (null when
+    unlimited)."""
 
     queue: str
     paused: bool
     failing_since: str | None
     counts: dict[str, int]
+    limits: QueueLimitsPublic | None = None
 
 
 class QueueList(BaseModel):

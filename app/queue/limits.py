@@ -19,6 +19,9 @@ from outboxq.queue import limits_sql
 RATE_PERIODS_S = {"s": 1.0, "m": 60.0, "h": 3600.0}
 _RATE_PATTERN = re.compile(r"\s*(\d+)\s*/\s*([smh])\s*")
 
+# The limits are stored as PostgreSQL integers: larger values are refused with a clear message.
+MAX_LIMIT = 2**31 - 1
+
 # How often a worker re-reads the limits of its queues (a change takes effect within this, plus a claim).
 LIMITS_REFRESH_S = 2.0
 
@@ -64,15 +67,19 @@ def parse_rate_limit(rate_limit: str | None) -> tuple[int | None, float | None]:
     match = _RATE_PATTERN.fullmatch(rate_limit) if isinstance(rate_limit, str) else None
     if match is None:
         raise InvalidLimit(f"invalid rate limit {rate_limit!r}: write N/s, N/m or N/h (for example '10/s')")
-    return int(match.group(1)), RATE_PERIODS_S[match.group(2)]
+    count = int(match.group(1))
+    if count > MAX_LIMIT:
+        raise InvalidLimit(f"invalid rate limit {rate_limit!r}: at most {MAX_LIMIT} starts per period")
+    return count, RATE_PERIODS_S[match.group(2)]
 
 
 def validate_concurrency(global_concurrency: Any) -> int | None:
     """The global concurrency (None = unlimited), or InvalidLimit."""
     if global_concurrency is None:
         return None
-    if isinstance(global_concurrency, bool) or not isinstance(global_concurrency, int) or global_concurrency < 0:
-        raise InvalidLimit(f"global_concurrency must be an integer >= 0, not {global_concurrency!r}")
+    if (isinstance(global_concurrency, bool) or not isinstance(global_concurrency, int)
+            or not 0 <= global_concurrency <= MAX_LIMIT):
+        raise InvalidLimit(f"global_concurrency must be an integer from 0 to {MAX_LIMIT}, not {global_concurrency!r}")
     return global_concurrency
 
 
@@ -146,15 +153,16 @@ def reset_limits(conn: Any, queue: str) -> bool:
     return conn.execute(limits_sql.queue_limits_reset, {"queue": queue}).fetchone() is not None
 
 
-def usage(conn: Any) -> list[dict[str, Any]]:
-    """Each limited queue: its limits, jobs running now, starts in the rate window, busiest keys."""
+def usage(conn: Any, queue: str | None = None) -> list[dict[str, Any]]:
+    """Each limited queue (or only `queue`): its limits, jobs running now, starts in the rate window, and the
+    busiest keys ([{"key", "running"}], most running first, at most five) of per-key queues."""
     cur = conn.cursor(row_factory=_dict_row())
-    rows = cur.execute(limits_sql.queue_limits_usage).fetchall()
-    for r in rows:
-        r["rate_limit"] = QueueLimits.from_row(r).rate_limit
-        r["running"] = int(r["running"])
-        r["recent_starts"] = int(r["recent_starts"])
-    return rows
+    rows = cur.execute(limits_sql.queue_limits_usage, {"queue": queue}).fetchall()
+    return [{"queue": r["queue"], "global_concurrency": r["global_concurrency"],
+             "rate_limit": QueueLimits.from_row(r).rate_limit, "per_key": r["per_key"], "source": r["source"],
+             "running": int(r["running"]), "recent_starts": int(r["recent_starts"]),
+             "busiest_keys": [{"key": k["key"], "running": int(k["running"])} for k in r["busiest_keys"]]}
+            for r in rows]
 
 
 def _dict_row() -> Any:

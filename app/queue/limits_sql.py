@@ -75,15 +75,18 @@ RETURNING queue, global_concurrency, rate_limit_count, rate_limit_period_s, per_
 # Back to what the consumers declare: the row goes (the next worker to start declares it again).
 queue_limits_reset = "DELETE FROM outboxq_queue_limits WHERE queue = %(queue)s RETURNING queue"
 
-# Usage per queue: running jobs (lease still valid) and starts within the rate-limit window, with the busiest
-# keys of per-key queues.
+# Usage per queue (every limited queue, or only %(queue)s): running jobs (lease still valid) and starts within
+# the rate-limit window, with the five busiest keys of per-key queues. Reads the running jobs (the partial
+# lease index) and the start log only: its cost follows what is running, never the finished history.
 queue_limits_usage = """
 SELECT l.queue, l.global_concurrency, l.rate_limit_count, l.rate_limit_period_s, l.per_key, l.source,
-       coalesce(r.running, 0) AS running, coalesce(s.recent_starts, 0) AS recent_starts, r.busiest_keys
+       coalesce(r.running, 0) AS running, coalesce(s.recent_starts, 0) AS recent_starts,
+       coalesce(r.busiest_keys, '[]'::jsonb) AS busiest_keys
 FROM outboxq_queue_limits l
 LEFT JOIN LATERAL (
     SELECT sum(n) AS running,
-           jsonb_object_agg(coalesce(limit_key, ''), n) FILTER (WHERE l.per_key AND rank <= 5) AS busiest_keys
+           jsonb_agg(jsonb_build_object('key', limit_key, 'running', n) ORDER BY rank)
+               FILTER (WHERE l.per_key AND rank <= 5) AS busiest_keys
     FROM (SELECT limit_key, count(*) AS n, row_number() OVER (ORDER BY count(*) DESC, limit_key) AS rank
           FROM outboxq_jobs
           WHERE status = 'running' AND queue = l.queue AND lease_expires_at > clock_timestamp()
@@ -94,6 +97,7 @@ LEFT JOIN LATERAL (
     WHERE queue = l.queue
       AND started_at > clock_timestamp() - l.rate_limit_period_s * interval '1 second'
 ) s ON true
+WHERE %(queue)s::text IS NULL OR l.queue = %(queue)s
 ORDER BY l.queue
 """
 

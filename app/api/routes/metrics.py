@@ -17,7 +17,7 @@ from outboxq.api.auth import check
 from outboxq.api.deps import PoolDep, transaction
 from outboxq.api.errors import error_responses
 from outboxq.api.routing import OutboxqRoute, api_state
-from outboxq.queue import sql
+from outboxq.queue import limits, sql
 
 router = APIRouter(tags=["metrics"], route_class=OutboxqRoute)
 
@@ -27,8 +27,10 @@ UNFINISHED_STATUSES = ("waiting", "queued", "running", "retrying")
 class QueueSnapshot:
     """A prometheus-client collector over one read of the queues' current state."""
 
-    def __init__(self, counts: list[dict[str, Any]], lag: list[dict[str, Any]], states: list[dict[str, Any]]):
+    def __init__(self, counts: list[dict[str, Any]], lag: list[dict[str, Any]], states: list[dict[str, Any]],
+                 limit_usage: list[dict[str, Any]] | None = None):
         self.counts, self.lag, self.states = counts, lag, states
+        self.limit_usage = limit_usage or []
 
     def collect(self) -> Iterator[Metric]:
         """The metric families (the prometheus-client collector protocol)."""
@@ -56,12 +58,44 @@ class QueueSnapshot:
             failing.add_metric([r["queue"]], 1 if r["failing"] else 0)
         yield paused
         yield failing
+        yield from self._limit_families()
+
+    def _limit_families(self) -> Iterator[Metric]:
+        """Flow control: each limited queue's limits and their use (limits.usage)."""
+        labels = ["queue"]
+        concurrency = GaugeMetricFamily("outboxq_queue_limit_concurrency",
+                                        "Global concurrency limit (per key when per_key is 1)", labels=labels)
+        rate = GaugeMetricFamily("outboxq_queue_limit_rate_per_second",
+                                 "Rate limit in starts per second (per key when per_key is 1)", labels=labels)
+        per_key = GaugeMetricFamily("outboxq_queue_limit_per_key", "1 when the limits apply to each limit key",
+                                    labels=labels)
+        running = GaugeMetricFamily("outboxq_queue_limit_running", "Jobs of a limited queue running now",
+                                    labels=labels)
+        starts = GaugeMetricFamily("outboxq_queue_limit_window_starts",
+                                   "Starts within the last rate-limit period", labels=labels)
+        key_running = GaugeMetricFamily("outboxq_queue_limit_key_running",
+                                        "Jobs running now of a per-key queue's busiest keys (at most five)",
+                                        labels=["queue", "key"])
+        for u in self.limit_usage:
+            queue = [u["queue"]]
+            if u["global_concurrency"] is not None:
+                concurrency.add_metric(queue, u["global_concurrency"])
+            if u["rate_limit"] is not None:
+                count, period = limits.parse_rate_limit(u["rate_limit"])
+                rate.add_metric(queue, (count or 0) / (period or 1.0))
+            per_key.add_metric(queue, 1 if u["per_key"] else 0)
+            running.add_metric(queue, u["running"])
+            starts.add_metric(queue, u["recent_starts"])
+            for k in u["busiest_keys"]:
+                key_running.add_metric([u["queue"], k["key"] or ""], k["running"])
+        yield from (concurrency, rate, per_key, running, starts, key_running)
 
 
 @router.get("/metrics", responses=error_responses(401, 403),
             openapi_extra={"x-required-scope": "none (or read when metrics_public is false)"})
 def metrics(request: Request, pool: PoolDep) -> Response:
-    """Prometheus metrics: unfinished jobs per queue and status, depth, lag, paused and failing queues."""
+    """Prometheus metrics: unfinished jobs per queue and status, depth, lag, paused and failing queues, and the
+    limited queues' limits and usage."""
     if not api_state(request).settings.metrics_public:
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
@@ -70,7 +104,8 @@ def metrics(request: Request, pool: PoolDep) -> Response:
     with transaction(pool) as conn:
         snapshot = QueueSnapshot(conn.execute(sql.metrics_unfinished_counts).fetchall(),
                                  conn.execute(sql.metrics_queue_lag).fetchall(),
-                                 conn.execute(sql.metrics_queue_states).fetchall())
+                                 conn.execute(sql.metrics_queue_states).fetchall(),
+                                 limits.usage(conn))
     registry = CollectorRegistry()
     registry.register(snapshot)
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,4 +1,4 @@
-"""Queues: their counts per status, and their errored jobs."""
+"""Queues: their counts per status and limits, and their errored jobs."""
 
 from __future__ import annotations
 
@@ -12,17 +12,24 @@ from outboxq.api.deps import PoolDep, QueueName, transaction
 from outboxq.api.errors import error_responses
 from outboxq.api.routing import OutboxqRoute
 from outboxq.api.schemas import JobList, QueueList, job_public
-from outboxq.queue import admin
+from outboxq.queue import admin, limits
+from outboxq.queue.jobs import JobStatus
 
 router = APIRouter(tags=["queues"], route_class=OutboxqRoute)
 
 
 @router.get("/v1/queues", response_model=QueueList, **scoped("read"), responses=error_responses(401, 403))
 def list_queues(pool: PoolDep) -> JSONResponse:
-    """Each queue with its job counts per status and whether it is paused."""
+    """Each queue with its job counts per status, whether it is paused, and its limits with their usage."""
     with transaction(pool) as conn:
-        queues = admin.queue_counts(conn)
-    return JSONResponse({"queues": [q.to_dict() for q in queues]})
+        queues = [q.to_dict() for q in admin.queue_counts(conn)]
+        usage = {u["queue"]: u for u in limits.usage(conn)}
+    for q in queues:
+        q["limits"] = usage.pop(q["queue"], None)
+    # A queue limited before any job of it was enqueued is listed too (no jobs yet).
+    queues += [{"queue": name, "paused": False, "failing_since": None, "counts": {s.value: 0 for s in JobStatus},
+                "limits": u} for name, u in usage.items()]
+    return JSONResponse({"queues": sorted(queues, key=lambda q: q["queue"])})
 
 
 @router.get("/v1/queues/{queue}/errors", response_model=JobList, **scoped("read"),

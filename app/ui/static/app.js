@@ -73,6 +73,34 @@ function chart(points) {
   return `<svg class="chart" id="throughput-chart" viewBox="0 0 ${width} ${height}" width="100%" height="${height}">${bars}</svg>`;
 }
 
+// Flow control: a queue's limits and their use now, in one line ("none" for an unlimited queue).
+function limitsText(l) {
+  if (!l) return "none";
+  const parts = [l.global_concurrency === null ? `${l.running} running` : `${l.running} running, limit ${l.global_concurrency}`];
+  if (l.rate_limit) parts.push(`${l.recent_starts} starts in the window, limit ${l.rate_limit}`);
+  if (l.per_key) parts.push("limits per key" + (l.busiest_keys.length ? "; busiest " + l.busiest_keys.map(k => `${k.key}: ${k.running}`).join(", ") : ""));
+  return parts.join("; ");
+}
+
+// Change a queue's limits at run time (PUT /v1/queues/{queue}/limits): an empty answer removes a limit; what
+// is not a number goes to the API as typed, so its message says what to fix.
+async function changeLimits(queue, current) {
+  const concurrency = window.prompt(`Global concurrency of ${queue} (a number; empty for none)`,
+    current && current.global_concurrency !== null ? String(current.global_concurrency) : "");
+  if (concurrency === null) return;
+  const rate = window.prompt(`Rate limit of ${queue} (N/s, N/m or N/h; empty for none)`, (current && current.rate_limit) || "");
+  if (rate === null) return;
+  const typed = concurrency.trim();
+  const body = {global_concurrency: typed === "" ? null : (/^\d+$/.test(typed) ? Number(typed) : typed), rate_limit: rate.trim() || null};
+  try {
+    await api("PUT", `/v1/queues/${encodeURIComponent(queue)}/limits`, body);
+    say(`Limits of ${queue}: changed`);
+    await showQueues();
+  } catch (error) {
+    say(`Limits of ${queue} failed: ${error.message}`, true);
+  }
+}
+
 async function showQueues() {
   const [queuesData, health, throughputData] = await Promise.all([
     api("GET", "/v1/queues"), api("GET", "/v1/health"), api("GET", "/v1/stats/throughput?minutes=60"),
@@ -85,7 +113,9 @@ async function showQueues() {
       <td><a href="#/queues/${encodeURIComponent(q.queue)}">${esc(q.queue)}</a></td>
       <td>${q.paused ? "paused" : "running"}</td>
       ${STATUSES.map(s => `<td class="num">${(q.counts || {})[s] || 0}</td>`).join("")}
+      <td class="limits">${esc(limitsText(q.limits))}</td>
       <td>
+        <button class="secondary" data-action="limits">Limits</button>
         <button class="secondary" data-action="${q.paused ? "resume" : "pause"}">${q.paused ? "Resume" : "Pause"}</button>
         <button class="danger" data-action="retry">Retry errors</button>
       </td>
@@ -99,11 +129,15 @@ async function showQueues() {
     </section>
     <section class="card">
       <h2>Queues</h2>
-      <table id="queues"><thead><tr><th>queue</th><th>state</th>${STATUSES.map(s => `<th>${s}</th>`).join("")}<th></th></tr></thead>
-      <tbody>${rows || `<tr><td colspan="10">No queues yet.</td></tr>`}</tbody></table>
+      <table id="queues"><thead><tr><th>queue</th><th>state</th>${STATUSES.map(s => `<th>${s}</th>`).join("")}<th>limits</th><th></th></tr></thead>
+      <tbody>${rows || `<tr><td colspan="11">No queues yet.</td></tr>`}</tbody></table>
     </section>`;
   view.querySelectorAll("tr[data-queue] button").forEach(button => {
     const queue = button.closest("tr").dataset.queue, action = button.dataset.action;
+    if (action === "limits") {
+      button.addEventListener("click", () => changeLimits(queue, (queues.find(q => q.queue === queue) || {}).limits));
+      return;
+    }
     const labels = {pause: `Pause queue ${queue}`, resume: `Resume queue ${queue}`, retry: `Retry all errors of ${queue}`};
     button.addEventListener("click", () => act(labels[action], "POST", `/v1/queues/${encodeURIComponent(queue)}/${action}`, showQueues));
   });
