@@ -18,20 +18,27 @@ from typing import Any
 from outboxq.errors import InvalidInput
 
 # Fault injection for the crash tests and for operators rehearsing a failure: the process exits at once,
-# without cleanup, when it reaches this step (after_snapshot, during_processing, after_write, after_commit).
+# without cleanup, when it reaches this step (after_snapshot, during_processing, after_write, after_commit);
+# or, with STALL_AT, it stops there for good (a hung driver: kill it, or watch another adopt its snapshot).
 CRASH_AT_ENV = "OUTBOXQ_SPARK_CRASH_AT"
+STALL_AT_ENV = "OUTBOXQ_SPARK_STALL_AT"
 CRASH_EXIT_CODE = 70
 
 
 def crash_hook_from_env() -> Any:
-    """A step hook that kills the process at the step named in OUTBOXQ_SPARK_CRASH_AT (none when unset)."""
-    crash_at = os.environ.get(CRASH_AT_ENV)
+    """A step hook that kills (or stalls) the process at the step named in OUTBOXQ_SPARK_CRASH_AT (STALL_AT)."""
+    crash_at, stall_at = os.environ.get(CRASH_AT_ENV), os.environ.get(STALL_AT_ENV)
 
     def hook(step: str) -> None:
         if step == crash_at:
             sys.stderr.write(f"outboxq spark: crashing at {step} ({CRASH_AT_ENV})\n")
             sys.stderr.flush()
             os._exit(CRASH_EXIT_CODE)
+        if step == stall_at:
+            sys.stderr.write(f"outboxq spark: stalled at {step} ({STALL_AT_ENV})\n")
+            sys.stderr.flush()
+            while True:
+                time.sleep(3600)
 
     return hook
 
@@ -86,7 +93,8 @@ def _consume(url: str, fields: dict[str, Any], function: Any, args: argparse.Nam
 
     config = ConsumerConfig.from_settings(
         queue=fields["queue"], processor=fields["processor"], output_table=fields["output_table"],
-        batch_size=fields["batch_size"], processor_id=args.processor_id, error_queue=args.error_queue)
+        batch_size=fields["batch_size"], processor_id=args.processor_id, driver_id=args.driver_id,
+        error_queue=args.error_queue)
     progress.update("starting Spark…", force=True)
     started = time.perf_counter()
     spark = build_session(fields["master"])
@@ -119,8 +127,8 @@ def _consume(url: str, fields: dict[str, Any], function: Any, args: argparse.Nam
     processing_s = time.perf_counter() - started
     progress.done(f"{stats.batches} batches, {stats.jobs_completed} jobs done in {processing_s:.1f} s")
     return {
-        "processor_id": consumer.processor_id, "epoch": consumer.epoch, "batches": stats.batches,
-        "recovered": stats.recovered, "jobs_claimed": stats.jobs_claimed,
+        "processor_id": consumer.processor_id, "driver_id": consumer.driver_id, "epoch": consumer.epoch, "batches": stats.batches,
+        "recovered": stats.recovered, "lost_snapshots": stats.lost_snapshots, "jobs_claimed": stats.jobs_claimed,
         "jobs_completed": stats.jobs_completed, "jobs_failed": stats.jobs_failed,
         "failed_batches": stats.failed_batches, "rows_written": stats.rows_written,
         "session_start_s": round(session_start_s, 3), "processing_s": round(processing_s, 3),
@@ -150,7 +158,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--master", help="Spark master URL (default: settings.spark_master, local[*])")
     p.add_argument("--until-empty", action="store_true", help="stop when no job of the queue is due")
     p.add_argument("--batch-id", type=int, help="run a batch submitted with POST /v1/spark/batches")
-    p.add_argument("--processor-id", help="the consumer's identity (default: from queue, processor, table)")
+    p.add_argument("--processor-id", help="the processor's identity (default: from queue, processor, table)")
+    p.add_argument("--driver-id", help="this driver's identity; starting it fences an older driver of the same "
+                                       "id (default: the processor's first free driver slot)")
     p.add_argument("--error-queue", help="jobs the processor fails on go to this queue (and are dead)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=cmd_spark_run)
