@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,6 +37,39 @@ def crash_at(step: str, nth: int = 1):
                 raise Crash(step)
 
     return hook
+
+
+def spark_env(db_url: str, **extra: str) -> dict[str, str]:
+    """The environment of an `outboxq spark run` subprocess on the test database, local[1] Spark."""
+    return {**os.environ, "DATABASE_URL": db_url, "OUTBOXQ_SPARK_MASTER": "local[1]",
+            "OUTBOXQ_SPARK_SHUFFLE_PARTITIONS": "1", **extra}
+
+
+def spark_run_command(*options: str, processor: str = "outboxq.spark_jobs.examples:order_totals",
+                      output_table: str = "order_totals") -> list[str]:
+    """`outboxq spark run --json` of the test queue with the processor, plus the options."""
+    return [sys.executable, "-m", "outboxq.cli", "spark", "run", "--queue", QUEUE, "--processor", processor,
+            "--output-table", output_table, "--json", *options]
+
+
+def expected_totals(payloads: list[dict[str, Any]]) -> dict[str, tuple[int, Decimal]]:
+    """Per customer: the number of orders and their total amount (what order_totals sums to)."""
+    totals: dict[str, list] = {}
+    for p in payloads:
+        entry = totals.setdefault(p["customer"], [0, Decimal("0")])
+        entry[0] += 1
+        entry[1] += Decimal(str(p["amount"]))
+    return {c: (n, t) for c, (n, t) in totals.items()}
+
+
+def summed_totals(rows: list[tuple]) -> dict[str, tuple[int, Decimal]]:
+    """Rows (customer, orders, total, delivery_hash) of several batches summed per customer."""
+    totals: dict[str, list] = {}
+    for customer, orders, total, _ in rows:
+        entry = totals.setdefault(customer, [0, Decimal("0")])
+        entry[0] += orders
+        entry[1] += total
+    return {c: (n, t) for c, (n, t) in totals.items()}
 
 
 def order_payloads(n: int, customers: int = 5) -> list[dict[str, Any]]:

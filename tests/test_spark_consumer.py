@@ -3,7 +3,6 @@ the `outboxq spark run` command and the HTTP batch endpoint."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from tests.spark_support import (
     extra_database,
     order_payloads,
     run_until_empty,
+    spark_env,
     statuses,
     table_rows,
 )
@@ -115,11 +115,6 @@ def test_the_inferred_schema_reads_every_payload_like_sparks_json_reader(spark):
     assert schema.simpleString() == "struct<a:double,b:string,l:array<bigint>,n:struct<j:boolean,k:bigint>>"
 
 
-def _spark_env(db_url: str, **extra: str) -> dict[str, str]:
-    return {**os.environ, "DATABASE_URL": db_url, "OUTBOXQ_SPARK_MASTER": "local[1]",
-            "OUTBOXQ_SPARK_SHUFFLE_PARTITIONS": "1", **extra}
-
-
 def test_the_spark_run_command_killed_after_the_write_then_rerun_delivers_once(db_url):
     payloads = order_payloads(40)
     ids = enqueue_orders(db_url, payloads)
@@ -127,12 +122,12 @@ def test_the_spark_run_command_killed_after_the_write_then_rerun_delivers_once(d
                "--processor", "outboxq.spark_jobs.examples:order_totals", "--output-table", "order_totals",
                "--batch-size", "100", "--until-empty", "--json"]
 
-    crashed = subprocess.run(command, env=_spark_env(db_url, OUTBOXQ_SPARK_CRASH_AT="after_write"),
+    crashed = subprocess.run(command, env=spark_env(db_url, OUTBOXQ_SPARK_CRASH_AT="after_write"),
                              capture_output=True, text=True, timeout=300)
     assert crashed.returncode == 70, crashed.stderr[-2000:]
     assert statuses(db_url) == {"running": 40}
 
-    rerun = subprocess.run(command, env=_spark_env(db_url), capture_output=True, text=True, timeout=300)
+    rerun = subprocess.run(command, env=spark_env(db_url), capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert '"recovered": 1' in rerun.stdout
     rows = table_rows(db_url, "order_totals")
@@ -144,7 +139,7 @@ def test_the_spark_run_command_killed_after_the_write_then_rerun_delivers_once(d
 
 def test_a_batch_submitted_over_http_runs_and_reports_its_counts(db_url, tmp_path, monkeypatch):
     monkeypatch.setenv("OUTBOXQ_SPARK_LOG_DIR", str(tmp_path))
-    for key, value in _spark_env(db_url).items():
+    for key, value in spark_env(db_url).items():
         monkeypatch.setenv(key, value)
     payloads = order_payloads(30)
     enqueue_orders(db_url, payloads)
