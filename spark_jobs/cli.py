@@ -48,8 +48,7 @@ def cmd_spark_run(args: argparse.Namespace) -> int:
     from outboxq.cli import _current_url
     from outboxq.db import connect
     from outboxq.progress import Progress
-    from outboxq.spark_jobs import batches
-    from outboxq.spark_jobs.processing import load_processor
+    from outboxq.spark_jobs import batches, registry
 
     url = _current_url()
     batch_id = args.batch_id
@@ -59,12 +58,14 @@ def cmd_spark_run(args: argparse.Namespace) -> int:
     try:
         if batch_id is not None:
             row = batches.start_batch(status_conn, batch_id)
-            fields = {k: (fields[k] if fields[k] is not None else row[k]) for k in fields}
+            # The master (and Spark configuration) of a submitted batch is the operator's: settings or --master.
+            fields = {k: (fields[k] if fields[k] is not None or k == "master" else row[k]) for k in fields}
         missing = [f"--{k.replace('_', '-')}" for k in ("queue", "processor", "output_table") if not fields[k]]
         if missing:
             raise InvalidInput(f"spark run needs {', '.join(missing)} (or --batch-id of a submitted batch)")
         try:
-            function = load_processor(fields["processor"])
+            # A submitted batch names a registered processor; the operator's own command may give a path.
+            function = registry.load(fields["processor"], allow_path=batch_id is None)
             result = _consume(url, fields, function, args, status_conn, batch_id, Progress(not args.json))
         except BaseException as exc:
             if batch_id is not None:
@@ -152,7 +153,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = spark_sub.add_parser("run", help="consume a queue with a Spark processor (one long-lived application)")
     p.add_argument("--queue", help="the queue to consume")
-    p.add_argument("--processor", help="module:function from a DataFrame of payloads to a DataFrame of rows")
+    p.add_argument("--processor", help="a registered processor name (OUTBOXQ_SPARK_PROCESSORS) or module:function "
+                                       "from a DataFrame of payloads to a DataFrame of rows")
     p.add_argument("--output-table", help="the PostgreSQL table the rows go to (created on first use)")
     p.add_argument("--batch-size", type=int, help="jobs per claimed batch (default: settings.spark_batch_size)")
     p.add_argument("--master", help="Spark master URL (default: settings.spark_master, local[*])")

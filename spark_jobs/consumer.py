@@ -58,6 +58,7 @@ class ConsumerConfig:
     poll_interval: float = 1.0
     error_queue: str | None = None
     retry_policy: RetryPolicy = field(default_factory=RetryPolicy)
+    results_schema: str = delivery.DEFAULT_RESULTS_SCHEMA
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None, **fields) -> ConsumerConfig:
@@ -68,6 +69,7 @@ class ConsumerConfig:
             "lease_s": settings.spark_lease_s,
             "poll_interval": settings.poll_interval,
             "retry_policy": RetryPolicy.from_settings(settings),
+            "results_schema": settings.spark_results_schema,
         }
         defaults.update({k: v for k, v in fields.items() if v is not None})
         return cls(**defaults)
@@ -274,7 +276,8 @@ class Consumer:
             outcome = delivery.deliver(
                 self.conn, snapshot, epoch=self.epoch, columns=result.columns, rows=result.rows,
                 failed_jobs=result.failed, error_queue=self.config.error_queue,
-                retry_policy=self.config.retry_policy, on_step=self.on_step)
+                retry_policy=self.config.retry_policy, results_schema=self.config.results_schema,
+                on_step=self.on_step)
         except DriverReplaced:
             log.error("spark: delivery of snapshot %s refused: driver %s (epoch %s) was restarted elsewhere",
                       snapshot.id, self.driver_id, self.epoch)

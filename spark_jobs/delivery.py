@@ -40,6 +40,8 @@ from outboxq.queue.backoff import RetryPolicy
 log = logging.getLogger("outboxq.spark")
 
 OUTPUT_TABLE_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+# Output tables live in a schema of their own, never beside (or as) outboxq's tables.
+DEFAULT_RESULTS_SCHEMA = "outboxq_results"
 DELIVERY_HASH_COLUMN = "delivery_hash"
 
 # The steps at which the consumer calls its on_step hook (where a crash is worth testing).
@@ -294,26 +296,36 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def ensure_output_table(conn: psycopg.Connection, table: str, columns: Sequence[tuple[str, str]]) -> None:
-    """Create the output table from the result columns plus delivery_hash, or check the existing one."""
+def ensure_output_table(conn: psycopg.Connection, table: str, columns: Sequence[tuple[str, str]],
+                        schema: str = DEFAULT_RESULTS_SCHEMA) -> None:
+    """Create schema.table from the result columns plus delivery_hash, or check the existing one."""
     validate_output_table(table)
-    _execute(conn, spark_sql.spark_output_table_lock, {"table": table})
-    existing = [r["name"] for r in _execute(conn, spark_sql.spark_output_table_columns, {"table": table})]
     wanted = [name for name, _ in columns] + [DELIVERY_HASH_COLUMN]
+    where = {"schema": schema, "table": table}
+    existing = [r["name"] for r in _execute(conn, spark_sql.spark_output_table_columns, where)]
+    if not existing:
+        # One creator at a time per results schema (drivers may deliver their first batch at once); the
+        # common case, a table that exists, takes no lock.
+        _execute(conn, spark_sql.spark_output_table_lock, where)
+        existing = [r["name"] for r in _execute(conn, spark_sql.spark_output_table_columns, where)]
     if existing:
         missing = [name for name in wanted if name not in existing]
         if missing:
-            raise OutputTableMismatch(f"output table {table!r} exists without the columns {missing}")
+            raise OutputTableMismatch(f"output table {schema}.{table} exists without the columns {missing}")
         return
     if any(name == DELIVERY_HASH_COLUMN for name, _ in columns):
         raise OutputTableMismatch(f"the results may not have a column named {DELIVERY_HASH_COLUMN!r}")
-    definitions = [pgsql.SQL("{} {}").format(pgsql.Identifier(name), pgsql.SQL(postgres_type))
+    qualified = pgsql.Identifier(schema, table)
+    definitions = [pgsql.SQL(spark_sql.spark_output_column).format(name=pgsql.Identifier(name),
+                                                                   type=pgsql.SQL(postgres_type))
                    for name, postgres_type in columns]
-    definitions.append(pgsql.SQL("{} text NOT NULL").format(pgsql.Identifier(DELIVERY_HASH_COLUMN)))
-    conn.execute(pgsql.SQL("CREATE TABLE {} ({})").format(pgsql.Identifier(table), pgsql.SQL(", ").join(definitions)))
-    conn.execute(pgsql.SQL("CREATE INDEX {} ON {} ({})").format(
-        pgsql.Identifier(f"{table[:40]}_delivery_hash_idx"), pgsql.Identifier(table),
-        pgsql.Identifier(DELIVERY_HASH_COLUMN)))
+    definitions.append(pgsql.SQL(spark_sql.spark_output_hash_column).format(name=pgsql.Identifier(DELIVERY_HASH_COLUMN)))
+    conn.execute(pgsql.SQL(spark_sql.spark_results_schema_create).format(schema=pgsql.Identifier(schema)))
+    conn.execute(pgsql.SQL(spark_sql.spark_output_table_create).format(
+        table=qualified, columns=pgsql.SQL(", ").join(definitions)))
+    conn.execute(pgsql.SQL(spark_sql.spark_output_table_index).format(
+        index=pgsql.Identifier(f"{table[:40]}_delivery_hash_idx"), table=qualified,
+        column=pgsql.Identifier(DELIVERY_HASH_COLUMN)))
 
 
 def deliver(
@@ -326,6 +338,7 @@ def deliver(
     failed_jobs: Mapping[int, str] | None = None,
     error_queue: str | None = None,
     retry_policy: RetryPolicy | None = None,
+    results_schema: str = DEFAULT_RESULTS_SCHEMA,
     on_step: StepHook = _no_hook,
 ) -> DeliveryResult:
     """Deliver a snapshot in ONE transaction: results + delivery hash, snapshot delivered, jobs completed.
@@ -348,10 +361,10 @@ def deliver(
                                  "claimed by this lease: it was delivered, failed or taken over")
         rows_written = 0
         if columns:  # no columns: every job failed, there is nothing to write (nor a table to create)
-            ensure_output_table(conn, snapshot.output_table, columns)
+            ensure_output_table(conn, snapshot.output_table, columns, results_schema)
             names = [pgsql.Identifier(name) for name, _ in columns] + [pgsql.Identifier(DELIVERY_HASH_COLUMN)]
-            copy_sql = pgsql.SQL("COPY {} ({}) FROM STDIN").format(
-                pgsql.Identifier(snapshot.output_table), pgsql.SQL(", ").join(names))
+            copy_sql = pgsql.SQL(spark_sql.spark_output_table_copy).format(
+                table=pgsql.Identifier(results_schema, snapshot.output_table), columns=pgsql.SQL(", ").join(names))
             with conn.cursor() as cur, cur.copy(copy_sql) as copy:
                 for row in rows:
                     copy.write_row([_postgres_value(v, t) for v, t in zip(row, types, strict=True)]

@@ -20,6 +20,7 @@ from outboxq.spark_jobs.processing import BatchEngine
 
 QUEUE = "orders-in"
 TABLE = "customer_totals"
+RESULTS = "outboxq_results"  # the schema output tables go to (settings.spark_results_schema)
 
 
 class Crash(Exception):
@@ -116,9 +117,9 @@ def run_until_empty(url: str, engine: BatchEngine, **options: Any) -> Any:
 
 
 def table_rows(url: str, table: str = TABLE) -> list[tuple]:
-    """Every row of the output table, sorted (delivery hash included)."""
+    """Every row of the output table (in the results schema), sorted (delivery hash included)."""
     with psycopg.connect(url) as conn:
-        rows = conn.execute(pgsql.SQL("SELECT * FROM {}").format(pgsql.Identifier(table))).fetchall()
+        rows = conn.execute(pgsql.SQL("SELECT * FROM {}").format(pgsql.Identifier(RESULTS, table))).fetchall()
     return sorted(rows, key=repr)
 
 

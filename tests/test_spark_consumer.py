@@ -1,11 +1,10 @@
-"""Spark consumers with a real local Spark session and a real PostgreSQL: results, crashes, bad payloads,
-the `outboxq spark run` command and the HTTP batch endpoint."""
+"""Spark consumers with a real local Spark session and a real PostgreSQL: results, crashes, bad payloads
+and the `outboxq spark run` command (HTTP batches: test_spark_batches.py)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections import defaultdict
 from decimal import Decimal
 
@@ -22,7 +21,6 @@ from outboxq.spark_jobs.delivery import (
     STEP_DURING_PROCESSING,
 )
 from outboxq.spark_jobs.processing import SparkEngine, infer_schema
-from tests.api_support import api_client
 from tests.spark_support import (
     Crash,
     crash_at,
@@ -135,43 +133,3 @@ def test_the_spark_run_command_killed_after_the_write_then_rerun_delivers_once(d
     processor_id = processor_id_for("orders-in", "outboxq.spark_jobs.examples:order_totals", "order_totals")
     assert {r[3] for r in rows} == {delivery.delivery_hash(processor_id, ids)}
     assert statuses(db_url) == {"done": 40}
-
-
-def test_a_batch_submitted_over_http_runs_and_reports_its_counts(db_url, tmp_path, monkeypatch):
-    monkeypatch.setenv("OUTBOXQ_SPARK_LOG_DIR", str(tmp_path))
-    for key, value in spark_env(db_url).items():
-        monkeypatch.setenv(key, value)
-    payloads = order_payloads(30)
-    enqueue_orders(db_url, payloads)
-
-    with api_client(db_url) as api:
-        r = api.post("/v1/spark/batches", json={"queue": "orders-in", "output_table": "http_totals",
-                                                "processor": "outboxq.spark_jobs.examples:order_totals",
-                                                "batch_size": 10})
-        assert r.status_code == 202, r.text
-        batch_id = r.json()["id"]
-        deadline = time.monotonic() + 300
-        while (batch := api.get(f"/v1/spark/batches/{batch_id}").json())["state"] in ("pending", "running"):
-            assert time.monotonic() < deadline, "the batch did not finish in 300 s"
-            time.sleep(1)
-
-    log = "".join(p.read_text() for p in tmp_path.glob("*.log"))
-    assert batch["state"] == "done", (batch, log[-3000:])
-    assert batch["jobs_claimed"] == 30 and batch["rows_written"] == len(table_rows(db_url, "http_totals"))
-    assert [s["jobs"] for s in batch["snapshots"]] == [10, 10, 10]
-    assert all(s["state"] == "delivered" for s in batch["snapshots"])
-    assert statuses(db_url) == {"done": 30}
-
-
-def test_a_batch_with_an_unknown_processor_fails_with_a_clear_message(db_url, tmp_path, monkeypatch):
-    monkeypatch.setenv("OUTBOXQ_SPARK_LOG_DIR", str(tmp_path))
-    with api_client(db_url) as api:
-        r = api.post("/v1/spark/batches", json={"queue": "orders-in", "output_table": "t",
-                                                "processor": "no_such_module:f"})
-        assert r.status_code == 202
-        batch_id = r.json()["id"]
-        deadline = time.monotonic() + 60
-        while (batch := api.get(f"/v1/spark/batches/{batch_id}").json())["state"] in ("pending", "running"):
-            assert time.monotonic() < deadline
-            time.sleep(0.5)
-    assert batch["state"] == "failed" and "cannot import 'no_such_module'" in batch["error"]

@@ -26,6 +26,7 @@ from outboxq.spark_jobs.delivery import (
 from outboxq.spark_jobs.processing import PythonEngine, isolate_failures
 from tests.spark_support import (
     QUEUE,
+    RESULTS,
     TABLE,
     Crash,
     consumer,
@@ -143,7 +144,7 @@ def test_a_zombie_is_fenced_even_before_the_new_driver_recovers_its_batch(db_url
         delivery.deliver(zombie.conn, snapshot, epoch=zombie.epoch, columns=result.columns, rows=result.rows)
     zombie.close()
     with psycopg.connect(db_url) as conn:
-        assert conn.execute("SELECT to_regclass(%s)", (TABLE,)).fetchone()[0] is None  # nothing written
+        assert conn.execute("SELECT to_regclass(%s)", (f"{RESULTS}.{TABLE}",)).fetchone()[0] is None  # not written
     assert statuses(db_url) == {"running": 20}
 
 
@@ -241,7 +242,7 @@ def test_jobs_out_of_attempts_are_dead_after_a_failed_batch(db_url):
 
 def test_an_existing_output_table_without_the_needed_columns_is_a_clear_error(db_url):
     with psycopg.connect(db_url) as conn:
-        conn.execute(f"CREATE TABLE {TABLE} (customer text)")
+        conn.execute(f"CREATE SCHEMA {RESULTS}; CREATE TABLE {RESULTS}.{TABLE} (customer text)")
         conn.commit()
     enqueue_orders(db_url, order_payloads(5))
     with pytest.raises(OutputTableMismatch, match="without the columns"):
@@ -251,7 +252,7 @@ def test_an_existing_output_table_without_the_needed_columns_is_a_clear_error(db
 
 def test_an_existing_output_table_with_the_columns_is_used_as_it_is(db_url):
     with psycopg.connect(db_url) as conn:
-        conn.execute(f"CREATE TABLE {TABLE} (id bigserial, customer text, orders int, total numeric(10,2), "
+        conn.execute(f"CREATE SCHEMA {RESULTS}; CREATE TABLE {RESULTS}.{TABLE} (id bigserial, customer text, orders int, total numeric(10,2), "
                      "delivery_hash text NOT NULL)")
         conn.commit()
     enqueue_orders(db_url, order_payloads(5))

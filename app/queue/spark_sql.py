@@ -255,17 +255,26 @@ history AS (
 SELECT id FROM dead
 """
 
-# ---------------------------------------------------------------- output tables
+# ---------------------------------------------------------------- output tables (in the results schema)
 
-# One creator at a time per output table (two processors may deliver their first batch at once).
-spark_output_table_lock = "SELECT pg_advisory_xact_lock(hashtext('outboxq_spark_output:' || %(table)s))"
+# One creator at a time per results schema (two drivers may deliver their first batch at once).
+spark_output_table_lock = "SELECT pg_advisory_xact_lock(hashtext('outboxq_spark_output:' || %(schema)s))"
 
 spark_output_table_columns = """
 SELECT a.attname AS name
 FROM pg_attribute a
-WHERE a.attrelid = to_regclass(quote_ident(%(table)s)) AND a.attnum > 0 AND NOT a.attisdropped
+WHERE a.attrelid = to_regclass(quote_ident(%(schema)s) || '.' || quote_ident(%(table)s))
+  AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attnum
 """
+
+# Templates for psycopg.sql: every name is filled in as an Identifier, every type from postgres_type().
+spark_results_schema_create = "CREATE SCHEMA IF NOT EXISTS {schema}"
+spark_output_column = "{name} {type}"
+spark_output_hash_column = "{name} text NOT NULL"
+spark_output_table_create = "CREATE TABLE {table} ({columns})"
+spark_output_table_index = "CREATE INDEX {index} ON {table} ({column})"
+spark_output_table_copy = "COPY {table} ({columns}) FROM STDIN"
 
 # ---------------------------------------------------------------- batches (POST /v1/spark/batches)
 
@@ -279,6 +288,12 @@ spark_batch_get = """
 SELECT id, queue, processor, output_table, batch_size, master, state, jobs_claimed, rows_written, error,
        created_at, started_at, finished_at
 FROM outboxq_spark_batches WHERE id = %(id)s
+"""
+
+# One of OUTBOXQ_SPARK_MAX_BATCHES slots, held by a running batch's process as a session lock (freed by
+# PostgreSQL when that process dies).
+spark_batch_try_slot = """
+SELECT pg_try_advisory_lock(hashtext('outboxq_spark_batch_slot'), %(slot)s) AS taken
 """
 
 spark_batch_mark_running = """
