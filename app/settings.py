@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import AliasChoices, Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 class Settings(BaseSettings):
@@ -86,6 +86,36 @@ class Settings(BaseSettings):
     spark_lease_s: float = 600.0
     # Extra Spark configuration (JSON object in OUTBOXQ_SPARK_CONF), e.g. {"spark.executor.memory": "2g"}.
     spark_conf: dict[str, str] = Field(default_factory=dict)
+    # The processors an HTTP request may name (OUTBOXQ_SPARK_PROCESSORS="totals=my_app.spark:totals,..."):
+    # a request picks one by name and never names code to import.
+    spark_processors: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
+    # At most this many HTTP-submitted Spark batches run at once; the others wait as `pending`.
+    spark_max_batches: int = Field(default=2, ge=1)
+    # The PostgreSQL schema the Spark output tables go to: never outboxq's own schema or tables.
+    spark_results_schema: str = Field(default="outboxq_results", pattern=r"^[a-z_][a-z0-9_]{0,62}$")
+    # Where HTTP-submitted batches log (created private to this user); None: a folder under the temp dir.
+    spark_log_dir: str | None = None
+
+    @field_validator("spark_processors", mode="before")
+    @classmethod
+    def _parse_processors(cls, value: object) -> object:
+        """``name=module:function`` pairs separated by commas (a dict passes through as it is)."""
+        if not isinstance(value, str):
+            return value
+        registry = {}
+        for entry in filter(None, (part.strip() for part in value.split(","))):
+            name, sep, spec = (item.strip() for item in entry.partition("="))
+            if not sep or not name or ":" not in spec:
+                raise ValueError(f"OUTBOXQ_SPARK_PROCESSORS entry {entry!r}: write name=module:function")
+            registry[name] = spec
+        return registry
+
+    @model_validator(mode="after")
+    def _results_apart_from_outboxq(self) -> Settings:
+        """Spark output tables never share outboxq's schema (a table named like outboxq's would be its)."""
+        if self.spark_results_schema == self.db_schema:
+            raise ValueError("OUTBOXQ_SPARK_RESULTS_SCHEMA must differ from OUTBOXQ_SCHEMA")
+        return self
 
 
 @lru_cache(maxsize=1)

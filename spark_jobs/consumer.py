@@ -1,6 +1,8 @@
-"""A long-lived consumer of one queue: recover → (claim → process → deliver) until stopped or empty.
+"""A long-lived consumer of one queue: (adopt or claim → process → deliver) until stopped or empty.
 
-One consumer is one Spark application (the session is started once, outside this loop). Everything that
+One consumer is one driver, one Spark application (the session is started once, outside this loop). Any
+number of drivers of one processor run at once: each claims its own snapshots, and adopts the snapshots
+of a driver that died once their lease lapses. Everything that
 touches the database is in spark_jobs.delivery; this module only orders the steps, keeps the leases of a
 batch alive while Spark works, and reports progress.
 """
@@ -20,7 +22,14 @@ from outboxq.errors import BatchFailed
 from outboxq.queue.backoff import RetryPolicy
 from outboxq.settings import Settings, get_settings
 from outboxq.spark_jobs import delivery
-from outboxq.spark_jobs.delivery import STEP_DURING_PROCESSING, DeliveryFenced, Snapshot, StepHook, _no_hook
+from outboxq.spark_jobs.delivery import (
+    STEP_DURING_PROCESSING,
+    DeliveryFenced,
+    DriverReplaced,
+    Snapshot,
+    StepHook,
+    _no_hook,
+)
 from outboxq.spark_jobs.processing import BatchEngine
 
 log = logging.getLogger("outboxq.spark")
@@ -41,10 +50,15 @@ class ConsumerConfig:
     output_table: str
     batch_size: int = 10_000
     processor_id: str | None = None
+    # None: the first free slot of the processor (``<processor_id>#<n>``), so side-by-side drivers differ
+    # and a restarted one takes its dead predecessor's place. Starting a driver with an id fences any older
+    # driver with the same id.
+    driver_id: str | None = None
     lease_s: float = 600.0
     poll_interval: float = 1.0
     error_queue: str | None = None
     retry_policy: RetryPolicy = field(default_factory=RetryPolicy)
+    results_schema: str = delivery.DEFAULT_RESULTS_SCHEMA
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None, **fields) -> ConsumerConfig:
@@ -55,6 +69,7 @@ class ConsumerConfig:
             "lease_s": settings.spark_lease_s,
             "poll_interval": settings.poll_interval,
             "retry_policy": RetryPolicy.from_settings(settings),
+            "results_schema": settings.spark_results_schema,
         }
         defaults.update({k: v for k, v in fields.items() if v is not None})
         return cls(**defaults)
@@ -75,11 +90,12 @@ class ConsumerStats:
     jobs_failed: int = 0
     rows_written: int = 0
     failed_batches: int = 0
+    lost_snapshots: int = 0
     last_error: str | None = None
 
 
 class LeaseKeeper:
-    """Renews the lease of a snapshot's jobs every lease_s/3 on its own connection while Spark works."""
+    """Renews the lease of a snapshot and its jobs every lease_s/3 on its own connection while Spark works."""
 
     def __init__(self, url: str, snapshot: Snapshot, lease_s: float) -> None:
         self.url, self.snapshot, self.lease_s = url, snapshot, lease_s
@@ -98,7 +114,10 @@ class LeaseKeeper:
         while not self._stop.wait(self.lease_s / 3):
             try:
                 with connect(self.url) as conn:
-                    delivery.extend_lease(conn, self.snapshot, self.lease_s)
+                    if not delivery.extend_lease(conn, self.snapshot, self.lease_s):
+                        log.warning("spark: snapshot %s was adopted by another driver; its delivery here will "
+                                    "be refused", self.snapshot.id)
+                        return
             except psycopg.Error as exc:  # the next renewal tries again; the delivery is fenced anyway
                 log.warning("spark: could not renew the lease of snapshot %s: %s", self.snapshot.id, exc)
 
@@ -120,17 +139,19 @@ class Consumer:
         self.on_step = on_step
         self.on_batch = on_batch or (lambda stats: None)
         self.stats = ConsumerStats()
+        self.driver_id: str | None = config.driver_id
         self.epoch: int | None = None
         self._conn: psycopg.Connection | None = None
 
     # ------------------------------------------------------------ lifecycle
 
     def start(self) -> int:
-        """Bump the processor's epoch (fencing any older driver) and deliver its undelivered snapshots."""
+        """Take a driver id, bump its epoch (fencing an older driver of that id), adopt its snapshots."""
         delivery.validate_output_table(self.config.output_table)
         self._conn = connect(self.url)
-        self.epoch = delivery.register_processor(self._conn, self.processor_id)
-        log.info("spark: processor %s started at epoch %s", self.processor_id, self.epoch)
+        self.driver_id = self.config.driver_id or delivery.take_driver_slot(self._conn, self.processor_id)
+        self.epoch = delivery.register_driver(self._conn, self.driver_id, self.processor_id)
+        log.info("spark: driver %s started at epoch %s", self.driver_id, self.epoch)
         self.recover()
         return self.epoch
 
@@ -156,21 +177,33 @@ class Consumer:
     # ------------------------------------------------------------ the loop
 
     def recover(self) -> int:
-        """Re-process and deliver every undelivered snapshot of this processor (same jobs, same hash)."""
-        snapshots = delivery.recover_snapshots(
-            self.conn, processor_id=self.processor_id, epoch=self.epoch, lease_s=self.config.lease_s,
-            default_max_attempts=self.config.retry_policy.max_attempts)
+        """Adopt, process and deliver the snapshots this driver may take over (same jobs, same hash).
+
+        One at a time, so that the lease of an adopted snapshot does not run while another is processed."""
+        count = 0
+        while self.adopt_once():
+            count += 1
+        return count
+
+    def adopt_once(self) -> bool:
+        """Adopt one undelivered snapshot (this driver's own, or one whose lease lapsed) and deliver it."""
+        snapshots = delivery.adopt_snapshots(
+            self.conn, processor_id=self.processor_id, driver_id=self.driver_id, epoch=self.epoch,
+            lease_s=self.config.lease_s, default_max_attempts=self.config.retry_policy.max_attempts)
         for snapshot in snapshots:
-            log.info("spark: recovering snapshot %s (%d jobs, hash %s)", snapshot.id, len(snapshot.job_ids),
-                     snapshot.delivery_hash[:12])
+            log.info("spark: adopting snapshot %s (%d jobs, hash %s, epoch %s)", snapshot.id,
+                     len(snapshot.job_ids), snapshot.delivery_hash[:12], snapshot.epoch)
             self._process_and_deliver(snapshot)
             self.stats.recovered += 1
-        return len(snapshots)
+        return bool(snapshots)
 
     def run_once(self) -> bool:
-        """Claim one batch, process and deliver it; False when no job was due."""
+        """Adopt a lapsed snapshot or claim one batch, process and deliver it; False when nothing was due."""
+        if self.adopt_once():
+            return True
         snapshot = delivery.claim_snapshot(
-            self.conn, processor_id=self.processor_id, epoch=self.epoch, queue=self.config.queue,
+            self.conn, processor_id=self.processor_id, driver_id=self.driver_id, epoch=self.epoch,
+            queue=self.config.queue,
             output_table=self.config.output_table, batch_size=self.config.batch_size,
             lease_s=self.config.lease_s, default_max_attempts=self.config.retry_policy.max_attempts,
             on_step=self.on_step)
@@ -181,7 +214,10 @@ class Consumer:
 
     def run(self, *, until_empty: bool = False, stop: threading.Event | None = None,
             max_batches: int | None = None) -> ConsumerStats:
-        """Loop until stopped (or, with until_empty, until no job is due); returns the totals."""
+        """Loop until stopped; returns the totals.
+
+        With until_empty, stop once no job is due and no snapshot of the processor is undelivered: while
+        another driver still works on one, wait (and adopt it should that driver die)."""
         stop = stop or threading.Event()
         batches = 0
         while not stop.is_set() and (max_batches is None or batches < max_batches):
@@ -189,10 +225,8 @@ class Consumer:
                 if self.run_once():
                     batches += 1
                     continue
-                if until_empty:
+                if until_empty and delivery.count_undelivered(self.conn, self.processor_id) == 0:
                     break
-                # Idle: a driver fenced out earlier may have left snapshots of this processor behind.
-                self.recover()
             except psycopg.OperationalError as exc:
                 # The database went away (restart, failover, network). Nothing half-done is lost: the
                 # snapshot is committed, so reconnecting starts a new epoch and recovers it.
@@ -223,9 +257,15 @@ class Consumer:
                 result = self.engine.process(snapshot.jobs, snapshot.delivery_hash)
                 self.on_step(STEP_DURING_PROCESSING)
         except BatchFailed as exc:
-            failed = delivery.fail_snapshot(self.conn, snapshot, epoch=self.epoch, error=str(exc),
-                                            traceback=exc.traceback, retry_policy=self.config.retry_policy,
-                                            job_errors=exc.job_errors)
+            try:
+                failed = delivery.fail_snapshot(self.conn, snapshot, epoch=self.epoch, error=str(exc),
+                                                traceback=exc.traceback, retry_policy=self.config.retry_policy,
+                                                job_errors=exc.job_errors)
+            except DriverReplaced:
+                raise
+            except DeliveryFenced as fenced:
+                self._lost(snapshot, fenced)
+                return
             log.error("spark: snapshot %s failed (%d jobs back to retry or dead): %s", snapshot.id, failed, exc)
             self.stats.failed_batches += 1
             self.stats.jobs_failed += failed
@@ -236,11 +276,15 @@ class Consumer:
             outcome = delivery.deliver(
                 self.conn, snapshot, epoch=self.epoch, columns=result.columns, rows=result.rows,
                 failed_jobs=result.failed, error_queue=self.config.error_queue,
-                retry_policy=self.config.retry_policy, on_step=self.on_step)
-        except DeliveryFenced:
-            log.error("spark: delivery of snapshot %s refused: this driver (epoch %s) is fenced",
-                      snapshot.id, self.epoch)
+                retry_policy=self.config.retry_policy, results_schema=self.config.results_schema,
+                on_step=self.on_step)
+        except DriverReplaced:
+            log.error("spark: delivery of snapshot %s refused: driver %s (epoch %s) was restarted elsewhere",
+                      snapshot.id, self.driver_id, self.epoch)
             raise
+        except DeliveryFenced as fenced:
+            self._lost(snapshot, fenced)
+            return
         self.stats.batches += 1
         self.stats.jobs_completed += outcome.jobs_completed
         self.stats.jobs_failed += outcome.jobs_failed
@@ -251,3 +295,8 @@ class Consumer:
                  outcome.rows_written, outcome.jobs_completed, outcome.jobs_failed)
         self.on_batch(self.stats)
 
+    def _lost(self, snapshot: Snapshot, fenced: DeliveryFenced) -> None:
+        # Another driver adopted the snapshot (this one let its lease lapse): it delivers it, this driver
+        # wrote nothing and goes on with other work.
+        log.warning("spark: delivery of snapshot %s refused, another driver holds it now: %s", snapshot.id, fenced)
+        self.stats.lost_snapshots += 1

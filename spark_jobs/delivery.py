@@ -1,13 +1,17 @@
 """The exactly-once core of the Spark consumers, in plain psycopg (no Spark import: tests drive it directly).
 
-The order of the protocol (Cues' algorithm with Gazette's fence, adapted to PostgreSQL):
+The order of the protocol (Cues' algorithm with Gazette's fence, adapted to PostgreSQL). Any number of
+drivers of one processor run at once; each has its own id and epoch, and each snapshot its own lease:
 
-1. ``register_processor`` bumps the processor's epoch: any older driver (a zombie) is fenced from now on.
-2. ``recover_snapshots`` finds the processor's own undelivered snapshots and takes their jobs back.
+1. ``take_driver_slot`` gives a driver without an id of its own a free one; ``register_driver`` bumps that
+   id's epoch: an older driver of the same id (a zombie of a restarted driver) is fenced from now on.
+2. ``adopt_snapshots`` takes over undelivered snapshots: the driver's own (its predecessor's) at once,
+   other drivers' once their lease lapsed; the jobs move to a new lease token, the delivery hash stays.
 3. ``claim_snapshot`` claims a batch under a lease and commits its snapshot (job ids + delivery hash)
    before anything is processed.
 4. ``deliver`` writes the results with the delivery hash, marks the snapshot delivered and completes the
-   jobs, in one transaction fenced by the epoch and the lease; ``fail_snapshot`` records a failed batch.
+   jobs, in one transaction fenced by the driver's epoch and the snapshot's lease token (which adoption
+   replaces); ``fail_snapshot`` records a failed batch.
 
 ``on_step`` hooks name the points where a crash matters; tests raise from them to simulate one.
 """
@@ -36,6 +40,8 @@ from outboxq.queue.backoff import RetryPolicy
 log = logging.getLogger("outboxq.spark")
 
 OUTPUT_TABLE_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+# Output tables live in a schema of their own, never beside (or as) outboxq's tables.
+DEFAULT_RESULTS_SCHEMA = "outboxq_results"
 DELIVERY_HASH_COLUMN = "delivery_hash"
 
 # The steps at which the consumer calls its on_step hook (where a crash is worth testing).
@@ -52,7 +58,11 @@ def _no_hook(step: str) -> None:
 
 
 class DeliveryFenced(LeaseLost):
-    """A claim or delivery was refused: a newer epoch of the processor exists, or the lease was lost."""
+    """A claim or delivery was refused: the driver was restarted elsewhere, or the snapshot's lease lost."""
+
+
+class DriverReplaced(DeliveryFenced):
+    """A newer driver with the same id started: this one must stop (every claim and delivery is refused)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +82,9 @@ class Snapshot:
 
     id: int
     processor_id: str
+    driver_id: str
     queue: str
-    epoch: int
+    epoch: int  # the snapshot's own: 1 when claimed, + 1 each time a driver adopts it
     job_ids: list[int]
     lease_token: uuid.UUID
     delivery_hash: str
@@ -106,19 +117,34 @@ def validate_output_table(name: str) -> str:
     return name
 
 
-def register_processor(conn: psycopg.Connection, processor_id: str) -> int:
-    """Bump the processor's fencing epoch (committed) and return it; older epochs are fenced from now on."""
+def take_driver_slot(conn: psycopg.Connection, processor_id: str, *, max_slots: int = 10_000) -> str:
+    """A driver id of the processor no live driver holds: ``<processor_id>#<slot>``, the lowest free slot.
+
+    The slot is a session lock of ``conn``: it is the driver's for as long as that connection lives, and a
+    driver restarted after a crash gets the same id back (and so adopts its predecessor's snapshots at once).
+    """
+    for slot in range(max_slots):
+        row = _execute(conn, spark_sql.spark_driver_try_slot, {"processor_id": processor_id, "slot": slot}).fetchone()
+        conn.commit()
+        if row["taken"]:
+            return f"{processor_id}#{slot}"
+    raise InvalidInput(f"processor {processor_id!r} has {max_slots} drivers running already")
+
+
+def register_driver(conn: psycopg.Connection, driver_id: str, processor_id: str) -> int:
+    """Bump the driver's fencing epoch (committed) and return it; its older epochs are fenced from now on."""
     with conn.transaction():
-        row = _execute(conn, spark_sql.spark_processor_bump_epoch, {"processor_id": processor_id}).fetchone()
+        row = _execute(conn, spark_sql.spark_driver_bump_epoch,
+                       {"driver_id": driver_id, "processor_id": processor_id}).fetchone()
     return int(row["epoch"])
 
 
-def _check_epoch(conn: psycopg.Connection, processor_id: str, epoch: int) -> None:
-    row = _execute(conn, spark_sql.spark_processor_lock_epoch, {"processor_id": processor_id}).fetchone()
+def _check_epoch(conn: psycopg.Connection, driver_id: str, epoch: int) -> None:
+    row = _execute(conn, spark_sql.spark_driver_lock_epoch, {"driver_id": driver_id}).fetchone()
     current = None if row is None else int(row["epoch"])
     if current != epoch:
-        raise DeliveryFenced(
-            f"processor {processor_id!r} epoch {epoch} is fenced: a newer driver started (epoch {current})"
+        raise DriverReplaced(
+            f"driver {driver_id!r} epoch {epoch} is fenced: a newer driver with its id started (epoch {current})"
         )
 
 
@@ -137,6 +163,7 @@ def claim_snapshot(
     conn: psycopg.Connection,
     *,
     processor_id: str,
+    driver_id: str,
     epoch: int,
     queue: str,
     output_table: str,
@@ -149,10 +176,10 @@ def claim_snapshot(
     validate_output_table(output_table)
     lease_token = uuid.uuid4()
     with conn.transaction():
-        _check_epoch(conn, processor_id, epoch)
+        _check_epoch(conn, driver_id, epoch)
         rows = _execute(conn, spark_sql.spark_jobs_claim, {
             "queue": queue, "limit": batch_size, "lease_token": lease_token, "lease_s": lease_s,
-            "worker_id": processor_id, "default_max_attempts": default_max_attempts,
+            "worker_id": driver_id, "default_max_attempts": default_max_attempts,
         }).fetchall()
         if not rows:
             return None
@@ -160,8 +187,8 @@ def claim_snapshot(
         job_ids = [j.id for j in jobs]
         hash_ = delivery_hash(processor_id, job_ids)
         inserted = _execute(conn, spark_sql.spark_snapshot_insert, {
-            "processor_id": processor_id, "queue": queue, "epoch": epoch, "job_ids": Jsonb(job_ids),
-            "lease_token": lease_token, "delivery_hash": hash_, "output_table": output_table,
+            "processor_id": processor_id, "queue": queue, "job_ids": Jsonb(job_ids), "lease_token": lease_token,
+            "delivery_hash": hash_, "output_table": output_table, "driver_id": driver_id, "lease_s": lease_s,
         }).fetchone()
         if inserted is None:
             # Exactly these jobs were already delivered by this processor (an admin re-ran finished jobs):
@@ -170,59 +197,78 @@ def claim_snapshot(
             _execute(conn, job_sql.job_complete_batch, {"ids": job_ids, "lease_tokens": [lease_token] * len(job_ids)})
             return None
     snapshot = Snapshot(
-        id=int(inserted["id"]), processor_id=processor_id, queue=queue, epoch=epoch, job_ids=job_ids,
-        lease_token=lease_token, delivery_hash=hash_, output_table=output_table, jobs=jobs,
+        id=int(inserted["id"]), processor_id=processor_id, driver_id=driver_id, queue=queue,
+        epoch=int(inserted["epoch"]), job_ids=job_ids, lease_token=lease_token, delivery_hash=hash_, output_table=output_table, jobs=jobs,
     )
     on_step(STEP_AFTER_SNAPSHOT)
     return snapshot
 
 
-def recover_snapshots(
+def adopt_snapshots(
     conn: psycopg.Connection,
     *,
     processor_id: str,
+    driver_id: str,
     epoch: int,
     lease_s: float,
     default_max_attempts: int,
+    limit: int = 1,
 ) -> list[Snapshot]:
-    """The processor's undelivered snapshots, their jobs taken back under the same lease (idempotent).
+    """Take over up to ``limit`` undelivered snapshots: the driver's own, and others' whose lease lapsed.
 
-    A snapshot some of whose jobs finished or were taken by another consumer meanwhile (its lease expired
-    and was rescued) cannot be delivered as it was claimed: it is marked failed and the jobs it still holds
-    go back to the queue, so a batch is never split or merged.
+    An adopted snapshot keeps its jobs and delivery hash; it gets a new lease token (its old holder is
+    fenced) and epoch + 1. A snapshot some of whose jobs finished or were taken by another consumer
+    meanwhile (a lease rescue gave them back to the queue and they were claimed again) cannot be delivered
+    as it was claimed: it is marked failed and the jobs it still holds go back to the queue, so a batch is
+    never split or merged.
     """
-    recovered = []
+    adopted = []
     with conn.transaction():
-        _check_epoch(conn, processor_id, epoch)
-        snapshots = _execute(conn, spark_sql.spark_snapshot_list_undelivered,
-                                 {"processor_id": processor_id}).fetchall()
+        _check_epoch(conn, driver_id, epoch)
+        snapshots = _execute(conn, spark_sql.spark_snapshot_list_adoptable, {
+            "processor_id": processor_id, "driver_id": driver_id, "limit": limit}).fetchall()
         for row in snapshots:
             job_ids = [int(i) for i in row["job_ids"]]
-            params = {"ids": job_ids, "lease_token": row["lease_token"], "lease_s": lease_s,
-                      "worker_id": processor_id, "default_max_attempts": default_max_attempts}
+            new_lease_token = uuid.uuid4()
+            params = {"ids": job_ids, "lease_token": row["lease_token"], "new_lease_token": new_lease_token,
+                      "lease_s": lease_s, "worker_id": driver_id, "default_max_attempts": default_max_attempts}
             held = _execute(conn, spark_sql.spark_jobs_relock_for_snapshot, params).fetchall()
             if len(held) != len(job_ids):
                 lost = sorted(set(job_ids) - {int(r["id"]) for r in held})
                 error = f"abandoned: jobs {lost} finished or were taken over before this snapshot was delivered"
                 log.warning("spark: snapshot %s %s", row["id"], error)
-                _execute(conn, spark_sql.spark_jobs_release, params)
+                _execute(conn, spark_sql.spark_jobs_release, {"ids": job_ids, "lease_token": new_lease_token})
                 _execute(conn, spark_sql.spark_snapshot_mark_failed,
-                             {"id": row["id"], "lease_token": row["lease_token"], "error": error, "epoch": epoch})
+                         {"id": row["id"], "lease_token": row["lease_token"], "error": error})
                 continue
-            jobs = _jobs_from_rows(_execute(conn, spark_sql.spark_jobs_read_for_snapshot, params).fetchall())
-            recovered.append(Snapshot(
-                id=int(row["id"]), processor_id=processor_id, queue=row["queue"], epoch=int(row["epoch"]),
-                job_ids=job_ids, lease_token=row["lease_token"], delivery_hash=row["delivery_hash"],
-                output_table=row["output_table"], jobs=jobs, recovered=True,
+            new_epoch = _execute(conn, spark_sql.spark_snapshot_adopt, {
+                "id": row["id"], "lease_token": row["lease_token"], "new_lease_token": new_lease_token,
+                "driver_id": driver_id, "lease_s": lease_s}).fetchone()["epoch"]
+            jobs = _jobs_from_rows(_execute(conn, spark_sql.spark_jobs_read_for_snapshot,
+                                            {"ids": job_ids, "lease_token": new_lease_token}).fetchall())
+            adopted.append(Snapshot(
+                id=int(row["id"]), processor_id=processor_id, driver_id=driver_id, queue=row["queue"],
+                epoch=int(new_epoch), job_ids=job_ids, lease_token=new_lease_token,
+                delivery_hash=row["delivery_hash"], output_table=row["output_table"], jobs=jobs, recovered=True,
             ))
-    return recovered
+    return adopted
 
 
-def extend_lease(conn: psycopg.Connection, snapshot: Snapshot, lease_s: float) -> None:
-    """Renew the lease of the snapshot's jobs (committed): a long Spark run keeps its jobs."""
+def count_undelivered(conn: psycopg.Connection, processor_id: str) -> int:
+    """How many snapshots of the processor are claimed and not yet delivered (by any of its drivers)."""
     with conn.transaction():
+        row = _execute(conn, spark_sql.spark_snapshot_count_claimed, {"processor_id": processor_id}).fetchone()
+    return int(row["claimed"])
+
+
+def extend_lease(conn: psycopg.Connection, snapshot: Snapshot, lease_s: float) -> bool:
+    """Renew the lease of the snapshot and its jobs (committed); False when the snapshot was adopted."""
+    with conn.transaction():
+        held = _execute(conn, spark_sql.spark_snapshot_extend_lease, {
+            "id": snapshot.id, "lease_token": snapshot.lease_token, "lease_s": lease_s}).fetchone()
         _execute(conn, spark_sql.spark_jobs_extend_lease,
-                     {"ids": snapshot.job_ids, "lease_token": snapshot.lease_token, "lease_s": lease_s})
+                 {"ids": snapshot.job_ids, "lease_token": snapshot.lease_token, "lease_s": lease_s})
+    return held is not None
 
 
 def _postgres_value(value: Any, postgres_type: str) -> Any:
@@ -250,26 +296,36 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def ensure_output_table(conn: psycopg.Connection, table: str, columns: Sequence[tuple[str, str]]) -> None:
-    """Create the output table from the result columns plus delivery_hash, or check the existing one."""
+def ensure_output_table(conn: psycopg.Connection, table: str, columns: Sequence[tuple[str, str]],
+                        schema: str = DEFAULT_RESULTS_SCHEMA) -> None:
+    """Create schema.table from the result columns plus delivery_hash, or check the existing one."""
     validate_output_table(table)
-    _execute(conn, spark_sql.spark_output_table_lock, {"table": table})
-    existing = [r["name"] for r in _execute(conn, spark_sql.spark_output_table_columns, {"table": table})]
     wanted = [name for name, _ in columns] + [DELIVERY_HASH_COLUMN]
+    where = {"schema": schema, "table": table}
+    existing = [r["name"] for r in _execute(conn, spark_sql.spark_output_table_columns, where)]
+    if not existing:
+        # One creator at a time per results schema (drivers may deliver their first batch at once); the
+        # common case, a table that exists, takes no lock.
+        _execute(conn, spark_sql.spark_output_table_lock, where)
+        existing = [r["name"] for r in _execute(conn, spark_sql.spark_output_table_columns, where)]
     if existing:
         missing = [name for name in wanted if name not in existing]
         if missing:
-            raise OutputTableMismatch(f"output table {table!r} exists without the columns {missing}")
+            raise OutputTableMismatch(f"output table {schema}.{table} exists without the columns {missing}")
         return
     if any(name == DELIVERY_HASH_COLUMN for name, _ in columns):
         raise OutputTableMismatch(f"the results may not have a column named {DELIVERY_HASH_COLUMN!r}")
-    definitions = [pgsql.SQL("{} {}").format(pgsql.Identifier(name), pgsql.SQL(postgres_type))
+    qualified = pgsql.Identifier(schema, table)
+    definitions = [pgsql.SQL(spark_sql.spark_output_column).format(name=pgsql.Identifier(name),
+                                                                   type=pgsql.SQL(postgres_type))
                    for name, postgres_type in columns]
-    definitions.append(pgsql.SQL("{} text NOT NULL").format(pgsql.Identifier(DELIVERY_HASH_COLUMN)))
-    conn.execute(pgsql.SQL("CREATE TABLE {} ({})").format(pgsql.Identifier(table), pgsql.SQL(", ").join(definitions)))
-    conn.execute(pgsql.SQL("CREATE INDEX {} ON {} ({})").format(
-        pgsql.Identifier(f"{table[:40]}_delivery_hash_idx"), pgsql.Identifier(table),
-        pgsql.Identifier(DELIVERY_HASH_COLUMN)))
+    definitions.append(pgsql.SQL(spark_sql.spark_output_hash_column).format(name=pgsql.Identifier(DELIVERY_HASH_COLUMN)))
+    conn.execute(pgsql.SQL(spark_sql.spark_results_schema_create).format(schema=pgsql.Identifier(schema)))
+    conn.execute(pgsql.SQL(spark_sql.spark_output_table_create).format(
+        table=qualified, columns=pgsql.SQL(", ").join(definitions)))
+    conn.execute(pgsql.SQL(spark_sql.spark_output_table_index).format(
+        index=pgsql.Identifier(f"{table[:40]}_delivery_hash_idx"), table=qualified,
+        column=pgsql.Identifier(DELIVERY_HASH_COLUMN)))
 
 
 def deliver(
@@ -282,6 +338,7 @@ def deliver(
     failed_jobs: Mapping[int, str] | None = None,
     error_queue: str | None = None,
     retry_policy: RetryPolicy | None = None,
+    results_schema: str = DEFAULT_RESULTS_SCHEMA,
     on_step: StepHook = _no_hook,
 ) -> DeliveryResult:
     """Deliver a snapshot in ONE transaction: results + delivery hash, snapshot delivered, jobs completed.
@@ -289,14 +346,14 @@ def deliver(
     ``columns`` are (name, PostgreSQL type) of the result rows. Jobs in ``failed_jobs`` (id -> error) are
     failed in the same transaction: retried per the backoff (dead when out of attempts), or, with an
     ``error_queue``, moved there as a handled error. Raises DeliveryFenced, writing nothing, when the
-    processor's epoch moved on (a zombie driver), the snapshot was delivered already, or a job's lease was
-    lost.
+    snapshot is no longer this driver's (adopted by another after its lease lapsed, or delivered), the
+    driver was restarted elsewhere (DriverReplaced), or a job's lease was lost.
     """
     failed_jobs = dict(failed_jobs or {})
     good_ids = [i for i in snapshot.job_ids if i not in failed_jobs]
     types = [postgres_type for _, postgres_type in columns]
     with conn.transaction():
-        _check_epoch(conn, snapshot.processor_id, epoch)
+        _check_epoch(conn, snapshot.driver_id, epoch)
         locked = _execute(conn, spark_sql.spark_snapshot_lock_claimed,
                           {"id": snapshot.id, "lease_token": snapshot.lease_token}).fetchone()
         if locked is None:
@@ -304,17 +361,17 @@ def deliver(
                                  "claimed by this lease: it was delivered, failed or taken over")
         rows_written = 0
         if columns:  # no columns: every job failed, there is nothing to write (nor a table to create)
-            ensure_output_table(conn, snapshot.output_table, columns)
+            ensure_output_table(conn, snapshot.output_table, columns, results_schema)
             names = [pgsql.Identifier(name) for name, _ in columns] + [pgsql.Identifier(DELIVERY_HASH_COLUMN)]
-            copy_sql = pgsql.SQL("COPY {} ({}) FROM STDIN").format(
-                pgsql.Identifier(snapshot.output_table), pgsql.SQL(", ").join(names))
+            copy_sql = pgsql.SQL(spark_sql.spark_output_table_copy).format(
+                table=pgsql.Identifier(results_schema, snapshot.output_table), columns=pgsql.SQL(", ").join(names))
             with conn.cursor() as cur, cur.copy(copy_sql) as copy:
                 for row in rows:
                     copy.write_row([_postgres_value(v, t) for v, t in zip(row, types, strict=True)]
                                    + [snapshot.delivery_hash])
                     rows_written += 1
         _execute(conn, spark_sql.spark_snapshot_mark_delivered, {
-            "id": snapshot.id, "lease_token": snapshot.lease_token, "epoch": epoch,
+            "id": snapshot.id, "lease_token": snapshot.lease_token,
             "rows_written": rows_written, "error": _failed_summary(failed_jobs),
         })
         completed = [r for r in _execute(conn, job_sql.job_complete_batch, {
@@ -384,9 +441,9 @@ def fail_snapshot(
 
     ``job_errors`` gives some jobs their own error instead (a payload that was not a JSON object)."""
     with conn.transaction():
-        _check_epoch(conn, snapshot.processor_id, epoch)
+        _check_epoch(conn, snapshot.driver_id, epoch)
         marked = _execute(conn, spark_sql.spark_snapshot_mark_failed, {
-            "id": snapshot.id, "lease_token": snapshot.lease_token, "error": error[:10_000], "epoch": epoch,
+            "id": snapshot.id, "lease_token": snapshot.lease_token, "error": error[:10_000],
         }).fetchone()
         if marked is None:
             raise DeliveryFenced(f"snapshot {snapshot.id} is no longer claimed by this lease")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,6 +20,7 @@ from outboxq.spark_jobs.processing import BatchEngine
 
 QUEUE = "orders-in"
 TABLE = "customer_totals"
+RESULTS = "outboxq_results"  # the schema output tables go to (settings.spark_results_schema)
 
 
 class Crash(Exception):
@@ -36,6 +38,39 @@ def crash_at(step: str, nth: int = 1):
                 raise Crash(step)
 
     return hook
+
+
+def spark_env(db_url: str, **extra: str) -> dict[str, str]:
+    """The environment of an `outboxq spark run` subprocess on the test database, local[1] Spark."""
+    return {**os.environ, "DATABASE_URL": db_url, "OUTBOXQ_SPARK_MASTER": "local[1]",
+            "OUTBOXQ_SPARK_SHUFFLE_PARTITIONS": "1", **extra}
+
+
+def spark_run_command(*options: str, processor: str = "outboxq.spark_jobs.examples:order_totals",
+                      output_table: str = "order_totals") -> list[str]:
+    """`outboxq spark run --json` of the test queue with the processor, plus the options."""
+    return [sys.executable, "-m", "outboxq.cli", "spark", "run", "--queue", QUEUE, "--processor", processor,
+            "--output-table", output_table, "--json", *options]
+
+
+def expected_totals(payloads: list[dict[str, Any]]) -> dict[str, tuple[int, Decimal]]:
+    """Per customer: the number of orders and their total amount (what order_totals sums to)."""
+    totals: dict[str, list] = {}
+    for p in payloads:
+        entry = totals.setdefault(p["customer"], [0, Decimal("0")])
+        entry[0] += 1
+        entry[1] += Decimal(str(p["amount"]))
+    return {c: (n, t) for c, (n, t) in totals.items()}
+
+
+def summed_totals(rows: list[tuple]) -> dict[str, tuple[int, Decimal]]:
+    """Rows (customer, orders, total, delivery_hash) of several batches summed per customer."""
+    totals: dict[str, list] = {}
+    for customer, orders, total, _ in rows:
+        entry = totals.setdefault(customer, [0, Decimal("0")])
+        entry[0] += orders
+        entry[1] += total
+    return {c: (n, t) for c, (n, t) in totals.items()}
 
 
 def order_payloads(n: int, customers: int = 5) -> list[dict[str, Any]]:
@@ -82,9 +117,9 @@ def run_until_empty(url: str, engine: BatchEngine, **options: Any) -> Any:
 
 
 def table_rows(url: str, table: str = TABLE) -> list[tuple]:
-    """Every row of the output table, sorted (delivery hash included)."""
+    """Every row of the output table (in the results schema), sorted (delivery hash included)."""
     with psycopg.connect(url) as conn:
-        rows = conn.execute(pgsql.SQL("SELECT * FROM {}").format(pgsql.Identifier(table))).fetchall()
+        rows = conn.execute(pgsql.SQL("SELECT * FROM {}").format(pgsql.Identifier(RESULTS, table))).fetchall()
     return sorted(rows, key=repr)
 
 

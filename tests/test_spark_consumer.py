@@ -1,12 +1,10 @@
-"""Spark consumers with a real local Spark session and a real PostgreSQL: results, crashes, bad payloads,
-the `outboxq spark run` command and the HTTP batch endpoint."""
+"""Spark consumers with a real local Spark session and a real PostgreSQL: results, crashes, bad payloads
+and the `outboxq spark run` command (HTTP batches: test_spark_batches.py)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-import time
 from collections import defaultdict
 from decimal import Decimal
 
@@ -23,7 +21,6 @@ from outboxq.spark_jobs.delivery import (
     STEP_DURING_PROCESSING,
 )
 from outboxq.spark_jobs.processing import SparkEngine, infer_schema
-from tests.api_support import api_client
 from tests.spark_support import (
     Crash,
     crash_at,
@@ -31,6 +28,7 @@ from tests.spark_support import (
     extra_database,
     order_payloads,
     run_until_empty,
+    spark_env,
     statuses,
     table_rows,
 )
@@ -115,11 +113,6 @@ def test_the_inferred_schema_reads_every_payload_like_sparks_json_reader(spark):
     assert schema.simpleString() == "struct<a:double,b:string,l:array<bigint>,n:struct<j:boolean,k:bigint>>"
 
 
-def _spark_env(db_url: str, **extra: str) -> dict[str, str]:
-    return {**os.environ, "DATABASE_URL": db_url, "OUTBOXQ_SPARK_MASTER": "local[1]",
-            "OUTBOXQ_SPARK_SHUFFLE_PARTITIONS": "1", **extra}
-
-
 def test_the_spark_run_command_killed_after_the_write_then_rerun_delivers_once(db_url):
     payloads = order_payloads(40)
     ids = enqueue_orders(db_url, payloads)
@@ -127,12 +120,12 @@ def test_the_spark_run_command_killed_after_the_write_then_rerun_delivers_once(d
                "--processor", "outboxq.spark_jobs.examples:order_totals", "--output-table", "order_totals",
                "--batch-size", "100", "--until-empty", "--json"]
 
-    crashed = subprocess.run(command, env=_spark_env(db_url, OUTBOXQ_SPARK_CRASH_AT="after_write"),
+    crashed = subprocess.run(command, env=spark_env(db_url, OUTBOXQ_SPARK_CRASH_AT="after_write"),
                              capture_output=True, text=True, timeout=300)
     assert crashed.returncode == 70, crashed.stderr[-2000:]
     assert statuses(db_url) == {"running": 40}
 
-    rerun = subprocess.run(command, env=_spark_env(db_url), capture_output=True, text=True, timeout=300)
+    rerun = subprocess.run(command, env=spark_env(db_url), capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert '"recovered": 1' in rerun.stdout
     rows = table_rows(db_url, "order_totals")
@@ -140,43 +133,3 @@ def test_the_spark_run_command_killed_after_the_write_then_rerun_delivers_once(d
     processor_id = processor_id_for("orders-in", "outboxq.spark_jobs.examples:order_totals", "order_totals")
     assert {r[3] for r in rows} == {delivery.delivery_hash(processor_id, ids)}
     assert statuses(db_url) == {"done": 40}
-
-
-def test_a_batch_submitted_over_http_runs_and_reports_its_counts(db_url, tmp_path, monkeypatch):
-    monkeypatch.setenv("OUTBOXQ_SPARK_LOG_DIR", str(tmp_path))
-    for key, value in _spark_env(db_url).items():
-        monkeypatch.setenv(key, value)
-    payloads = order_payloads(30)
-    enqueue_orders(db_url, payloads)
-
-    with api_client(db_url) as api:
-        r = api.post("/v1/spark/batches", json={"queue": "orders-in", "output_table": "http_totals",
-                                                "processor": "outboxq.spark_jobs.examples:order_totals",
-                                                "batch_size": 10})
-        assert r.status_code == 202, r.text
-        batch_id = r.json()["id"]
-        deadline = time.monotonic() + 300
-        while (batch := api.get(f"/v1/spark/batches/{batch_id}").json())["state"] in ("pending", "running"):
-            assert time.monotonic() < deadline, "the batch did not finish in 300 s"
-            time.sleep(1)
-
-    log = "".join(p.read_text() for p in tmp_path.glob("*.log"))
-    assert batch["state"] == "done", (batch, log[-3000:])
-    assert batch["jobs_claimed"] == 30 and batch["rows_written"] == len(table_rows(db_url, "http_totals"))
-    assert [s["jobs"] for s in batch["snapshots"]] == [10, 10, 10]
-    assert all(s["state"] == "delivered" for s in batch["snapshots"])
-    assert statuses(db_url) == {"done": 30}
-
-
-def test_a_batch_with_an_unknown_processor_fails_with_a_clear_message(db_url, tmp_path, monkeypatch):
-    monkeypatch.setenv("OUTBOXQ_SPARK_LOG_DIR", str(tmp_path))
-    with api_client(db_url) as api:
-        r = api.post("/v1/spark/batches", json={"queue": "orders-in", "output_table": "t",
-                                                "processor": "no_such_module:f"})
-        assert r.status_code == 202
-        batch_id = r.json()["id"]
-        deadline = time.monotonic() + 60
-        while (batch := api.get(f"/v1/spark/batches/{batch_id}").json())["state"] in ("pending", "running"):
-            assert time.monotonic() < deadline
-            time.sleep(0.5)
-    assert batch["state"] == "failed" and "cannot import 'no_such_module'" in batch["error"]

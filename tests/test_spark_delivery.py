@@ -20,11 +20,13 @@ from outboxq.spark_jobs.delivery import (
     STEP_AFTER_WRITE,
     STEP_DURING_PROCESSING,
     DeliveryFenced,
+    DriverReplaced,
     OutputTableMismatch,
 )
 from outboxq.spark_jobs.processing import PythonEngine, isolate_failures
 from tests.spark_support import (
     QUEUE,
+    RESULTS,
     TABLE,
     Crash,
     consumer,
@@ -106,22 +108,22 @@ def test_recovery_is_idempotent_and_skips_delivered_snapshots(db_url):
     assert sum(r[1] for r in table_rows(db_url)) == 40
 
 
-def _claim_and_process(url: str):
+def _claim_and_process(url: str, *, driver_id: str | None = "driver-a", lease_s: float = 600):
     """A started consumer that claimed one batch of 20 and processed it, without delivering yet."""
-    started = consumer(url, ENGINE, batch_size=20)
+    started = consumer(url, ENGINE, batch_size=20, driver_id=driver_id)
     started.start()
     snapshot = delivery.claim_snapshot(
-        started.conn, processor_id=started.processor_id, epoch=started.epoch, queue=QUEUE,
-        output_table=TABLE, batch_size=20, lease_s=600, default_max_attempts=25)
+        started.conn, processor_id=started.processor_id, driver_id=started.driver_id, epoch=started.epoch,
+        queue=QUEUE, output_table=TABLE, batch_size=20, lease_s=lease_s, default_max_attempts=25)
     return started, snapshot, ENGINE.process(snapshot.jobs, snapshot.delivery_hash)
 
 
-def test_a_zombie_driver_cannot_deliver_after_a_new_one_started(db_url):
+def test_a_zombie_driver_cannot_deliver_after_a_new_one_started_with_its_id(db_url):
     enqueue_orders(db_url, order_payloads(20))
     zombie, snapshot, result = _claim_and_process(db_url)
 
-    successor = consumer(db_url, ENGINE, batch_size=20)
-    successor.start()  # bumps the epoch, recovers the zombie's snapshot and delivers it
+    successor = consumer(db_url, ENGINE, batch_size=20, driver_id="driver-a")
+    successor.start()  # bumps the epoch, adopts the zombie's snapshot at once and delivers it
     successor.close()
     assert successor.stats.recovered == 1
 
@@ -136,13 +138,13 @@ def test_a_zombie_is_fenced_even_before_the_new_driver_recovers_its_batch(db_url
     enqueue_orders(db_url, order_payloads(20))
     zombie, snapshot, result = _claim_and_process(db_url)
     with psycopg.connect(db_url) as conn:
-        delivery.register_processor(conn, zombie.processor_id)  # a new driver has started, nothing more
+        delivery.register_driver(conn, zombie.driver_id, zombie.processor_id)  # a new driver with its id started
 
-    with pytest.raises(DeliveryFenced, match="epoch"):
+    with pytest.raises(DriverReplaced, match="epoch"):
         delivery.deliver(zombie.conn, snapshot, epoch=zombie.epoch, columns=result.columns, rows=result.rows)
     zombie.close()
     with psycopg.connect(db_url) as conn:
-        assert conn.execute("SELECT to_regclass(%s)", (TABLE,)).fetchone()[0] is None  # nothing written
+        assert conn.execute("SELECT to_regclass(%s)", (f"{RESULTS}.{TABLE}",)).fetchone()[0] is None  # not written
     assert statuses(db_url) == {"running": 20}
 
 
@@ -154,11 +156,12 @@ def test_two_processors_at_once_never_claim_the_same_job(db_url):
     def claim_all(name: str) -> None:
         with psycopg.connect(db_url) as conn:
             processor_id = f"proc-{name}"
-            epoch = delivery.register_processor(conn, processor_id)
+            epoch = delivery.register_driver(conn, f"{processor_id}#0", processor_id)
             start.wait()
             while True:
                 snapshot = delivery.claim_snapshot(
-                    conn, processor_id=processor_id, epoch=epoch, queue=QUEUE, output_table=f"t_{name}",
+                    conn, processor_id=processor_id, driver_id=f"{processor_id}#0", epoch=epoch, queue=QUEUE,
+                    output_table=f"t_{name}",
                     batch_size=7, lease_s=600, default_max_attempts=25)
                 if snapshot is None:
                     return
@@ -239,7 +242,7 @@ def test_jobs_out_of_attempts_are_dead_after_a_failed_batch(db_url):
 
 def test_an_existing_output_table_without_the_needed_columns_is_a_clear_error(db_url):
     with psycopg.connect(db_url) as conn:
-        conn.execute(f"CREATE TABLE {TABLE} (customer text)")
+        conn.execute(f"CREATE SCHEMA {RESULTS}; CREATE TABLE {RESULTS}.{TABLE} (customer text)")
         conn.commit()
     enqueue_orders(db_url, order_payloads(5))
     with pytest.raises(OutputTableMismatch, match="without the columns"):
@@ -249,7 +252,7 @@ def test_an_existing_output_table_without_the_needed_columns_is_a_clear_error(db
 
 def test_an_existing_output_table_with_the_columns_is_used_as_it_is(db_url):
     with psycopg.connect(db_url) as conn:
-        conn.execute(f"CREATE TABLE {TABLE} (id bigserial, customer text, orders int, total numeric(10,2), "
+        conn.execute(f"CREATE SCHEMA {RESULTS}; CREATE TABLE {RESULTS}.{TABLE} (id bigserial, customer text, orders int, total numeric(10,2), "
                      "delivery_hash text NOT NULL)")
         conn.commit()
     enqueue_orders(db_url, order_payloads(5))
@@ -332,3 +335,74 @@ def test_a_consumer_whose_connection_is_cut_reconnects_and_delivers_each_batch_o
     assert statuses(db_url) == {"done": 60}
     assert sum(r[1] for r in table_rows(db_url)) == 60
     assert [s["state"] for s in _snapshots(db_url)] == ["delivered"] * 3
+
+
+def test_a_zombie_drivers_late_delivery_is_refused_once_another_driver_adopted_its_snapshot(db_url):
+    enqueue_orders(db_url, order_payloads(20))
+    zombie, snapshot, result = _claim_and_process(db_url, driver_id=None, lease_s=0.5)
+    with psycopg.connect(db_url) as conn:  # the zombie stopped renewing: its snapshot's lease lapses
+        conn.execute("UPDATE outboxq_spark_snapshots SET lease_expires_at = now() - interval '1 second'")
+        conn.commit()
+
+    adopter = consumer(db_url, ENGINE, batch_size=20)
+    adopter.start()  # a driver of the same processor with an id of its own: it adopts the lapsed snapshot
+    adopter.close()
+    assert adopter.driver_id != zombie.driver_id and adopter.stats.recovered == 1
+
+    with pytest.raises(DeliveryFenced, match="no longer claimed by this lease"):
+        delivery.deliver(zombie.conn, snapshot, epoch=zombie.epoch, columns=result.columns, rows=result.rows)
+    zombie.close()
+    (row,) = _snapshots(db_url)
+    assert row["state"] == "delivered" and row["driver_id"] == adopter.driver_id and row["epoch"] == 2
+    assert row["delivery_hash"] == snapshot.delivery_hash  # same jobs, same hash
+    assert {r[3] for r in table_rows(db_url)} == {snapshot.delivery_hash}
+    assert sum(r[1] for r in table_rows(db_url)) == 20  # written once, by the adopter
+    assert statuses(db_url) == {"done": 20}
+
+
+def test_a_snapshot_whose_lease_is_live_is_not_adopted_by_another_driver(db_url):
+    enqueue_orders(db_url, order_payloads(20))
+    owner, snapshot, result = _claim_and_process(db_url, driver_id=None)
+    other = consumer(db_url, ENGINE, batch_size=20)
+    other.start()
+    assert other.driver_id != owner.driver_id and other.stats.recovered == 0
+    assert not other.run_once()  # nothing due, nothing to adopt
+    other.close()
+
+    delivery.deliver(owner.conn, snapshot, epoch=owner.epoch, columns=result.columns, rows=result.rows)
+    owner.close()
+    assert statuses(db_url) == {"done": 20}
+
+
+def test_drivers_without_an_id_take_distinct_slots_and_a_restarted_one_takes_its_slot_back(db_url):
+    first, second = consumer(db_url, ENGINE), consumer(db_url, ENGINE)
+    first.start()
+    second.start()
+    assert (first.driver_id, second.driver_id) == ("totals#0", "totals#1")
+    first.close()
+    again = consumer(db_url, ENGINE)
+    again.start()
+    assert again.driver_id == "totals#0" and again.epoch == 2  # the same id, a new epoch
+    again.close()
+    second.close()
+
+
+def test_three_drivers_of_one_processor_drain_a_queue_together_exactly_once(db_url):
+    enqueue_orders(db_url, order_payloads(900))
+    drivers = [consumer(db_url, ENGINE, batch_size=25) for _ in range(3)]
+    for d in drivers:
+        d.start()
+    threads = [threading.Thread(target=d.run, kwargs={"until_empty": True}) for d in drivers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for d in drivers:
+        d.close()
+
+    assert sorted(d.driver_id for d in drivers) == ["totals#0", "totals#1", "totals#2"]
+    assert sum(d.stats.jobs_completed for d in drivers) == 900
+    assert all(d.stats.batches > 0 for d in drivers)
+    assert statuses(db_url) == {"done": 900}
+    assert sum(r[1] for r in table_rows(db_url)) == 900
+    assert {s["state"] for s in _snapshots(db_url)} == {"delivered"}

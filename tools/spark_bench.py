@@ -16,6 +16,7 @@ from psycopg import sql as pgsql
 
 from outboxq import enqueue_many
 from outboxq.db import connect, database_url
+from outboxq.settings import get_settings
 from outboxq.spark_jobs import examples
 from outboxq.spark_jobs.consumer import Consumer, ConsumerConfig
 from outboxq.spark_jobs.processing import BatchEngine, PythonEngine, SparkEngine
@@ -37,7 +38,8 @@ def _enqueue(url: str, jobs: int) -> None:
 
 def _reset(url: str, table: str) -> None:
     with connect(url, autocommit=True) as conn:
-        conn.execute(pgsql.SQL("DROP TABLE IF EXISTS {}").format(pgsql.Identifier(table)))
+        conn.execute(pgsql.SQL("DROP TABLE IF EXISTS {}").format(
+            pgsql.Identifier(get_settings().spark_results_schema, table)))
         conn.execute("DELETE FROM outboxq_jobs WHERE queue = %s", (QUEUE,))
 
 

@@ -184,13 +184,13 @@ class Readiness(BaseModel):
 
 
 class SparkBatchCreate(RequestModel):
-    """A Spark batch to run over a queue."""
+    """A Spark batch to run over a queue: a processor registered by the operator, by name."""
 
     queue: str = Field(pattern=QUEUE_PATTERN)
-    processor: str = Field(min_length=1, max_length=200)
+    processor: str = Field(min_length=1, max_length=200, description="a name from OUTBOXQ_SPARK_PROCESSORS")
     output_table: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
     batch_size: int = Field(1000, ge=1, le=1_000_000)
-    master: str | None = Field(None, max_length=200)
+    master: str | None = Field(None, max_length=200, description="refused: the master is the operator's setting")
 
 
 class SparkBatchCreated(BaseModel):

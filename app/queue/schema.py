@@ -234,15 +234,19 @@ idempotency_keys = Table(
     PrimaryKeyConstraint("scope", "key", name="outboxq_idempotency_keys_pkey"),
 )
 
-# Spark consumers (Cues-style exactly-once): one row per processor, its fencing epoch.
-spark_processors = Table(
-    "outboxq_spark_processors",
+# Spark consumers (Cues-style exactly-once): one row per driver, its fencing epoch. Many drivers of one
+# processor run at once; restarting a driver with the same id bumps the epoch and fences its predecessor.
+spark_drivers = Table(
+    "outboxq_spark_drivers",
     metadata,
-    Column("processor_id", Text, primary_key=True),
+    Column("driver_id", Text, primary_key=True),
+    Column("processor_id", Text, nullable=False),
     Column("epoch", BigInteger, nullable=False, server_default=text("0")),
-    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("started_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
 
+# A claimed batch. Its driver holds it under lease_token until lease_expires_at (renewed while it works);
+# once that lapses another driver of the processor adopts it with a new token and epoch + 1.
 spark_snapshots = Table(
     "outboxq_spark_snapshots",
     metadata,
@@ -259,6 +263,8 @@ spark_snapshots = Table(
     Column("error", Text),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("delivered_at", DateTime(timezone=True)),
+    Column("driver_id", Text),
+    Column("lease_expires_at", DateTime(timezone=True)),
     UniqueConstraint("delivery_hash", name="outboxq_spark_snapshots_delivery_hash_key"),
     CheckConstraint("state IN ('claimed', 'delivered', 'failed')", name="outboxq_spark_snapshots_state_check"),
 )

@@ -1,27 +1,37 @@
 """Every statement the Spark consumers (spark_jobs) run, named entity-first.
 
-The exactly-once protocol (Cues' snapshot + delivery hash, Gazette's epoch fence) in SQL: a processor row
-carries the fencing epoch, a snapshot row records a claimed batch before it is processed, and a delivery
-marks that snapshot delivered in the same transaction that writes the results and completes the jobs.
+The exactly-once protocol (Cues' snapshot + delivery hash, Gazette's epoch fence) in SQL: a driver row
+carries the driver's fencing epoch, a snapshot row records a claimed batch before it is processed (held by
+one driver under a lease token until its lease lapses), and a delivery marks that snapshot delivered in the
+same transaction that writes the results and completes the jobs. Any number of drivers of one processor
+run at once; each claims its own snapshots, and adopts those whose driver stopped renewing their lease.
 """
 
 from __future__ import annotations
 
-# ---------------------------------------------------------------- processors and their fencing epoch
+# ---------------------------------------------------------------- drivers and their fencing epoch
 
-# Starting a processor bumps its epoch: every claim and delivery of an older epoch is refused from now on.
-spark_processor_bump_epoch = """
-INSERT INTO outboxq_spark_processors (processor_id, epoch, updated_at)
-VALUES (%(processor_id)s, 1, now())
-ON CONFLICT (processor_id) DO UPDATE
-SET epoch = outboxq_spark_processors.epoch + 1, updated_at = now()
+# A driver without an id of its own takes the first free slot of its processor: a session lock, released by
+# PostgreSQL when the driver's connection ends, so a restarted driver gets its dead predecessor's slot (and
+# id) back, while drivers running side by side get different ones.
+spark_driver_try_slot = """
+SELECT pg_try_advisory_lock(hashtext('outboxq_spark_driver:' || %(processor_id)s), %(slot)s) AS taken
+"""
+
+# Starting a driver bumps its epoch: every claim and delivery of an older epoch of the same driver id is
+# refused from now on (a restarted driver fences its predecessor; other drivers are not affected).
+spark_driver_bump_epoch = """
+INSERT INTO outboxq_spark_drivers (driver_id, processor_id, epoch, started_at)
+VALUES (%(driver_id)s, %(processor_id)s, 1, now())
+ON CONFLICT (driver_id) DO UPDATE
+SET epoch = outboxq_spark_drivers.epoch + 1, processor_id = EXCLUDED.processor_id, started_at = now()
 RETURNING epoch
 """
 
 # Taken at the start of every claim and delivery transaction. FOR SHARE makes a concurrent epoch bump wait
-# for this transaction, so once a new processor has bumped the epoch no older transaction can commit.
-spark_processor_lock_epoch = """
-SELECT epoch FROM outboxq_spark_processors WHERE processor_id = %(processor_id)s FOR SHARE
+# for this transaction, so once a restarted driver has bumped the epoch no older transaction can commit.
+spark_driver_lock_epoch = """
+SELECT epoch FROM outboxq_spark_drivers WHERE driver_id = %(driver_id)s FOR SHARE
 """
 
 # ---------------------------------------------------------------- claiming a batch
@@ -62,35 +72,59 @@ RETURNING j.id, j.queue, j.attempts, j.max_attempts, {_ROW_JSON}
 # and the statement then returns no row.
 spark_snapshot_insert = """
 INSERT INTO outboxq_spark_snapshots
-    (processor_id, queue, epoch, job_ids, lease_token, delivery_hash, output_table)
-VALUES (%(processor_id)s, %(queue)s, %(epoch)s, %(job_ids)s, %(lease_token)s, %(delivery_hash)s,
-        %(output_table)s)
+    (processor_id, queue, epoch, job_ids, lease_token, delivery_hash, output_table, driver_id,
+     lease_expires_at)
+VALUES (%(processor_id)s, %(queue)s, 1, %(job_ids)s, %(lease_token)s, %(delivery_hash)s,
+        %(output_table)s, %(driver_id)s, now() + %(lease_s)s::float8 * interval '1 second')
 ON CONFLICT (delivery_hash) DO UPDATE
-SET queue = EXCLUDED.queue, epoch = EXCLUDED.epoch, job_ids = EXCLUDED.job_ids,
+SET queue = EXCLUDED.queue, epoch = 1, job_ids = EXCLUDED.job_ids,
     lease_token = EXCLUDED.lease_token, output_table = EXCLUDED.output_table, state = 'claimed',
-    rows_written = NULL, error = NULL, created_at = now(), delivered_at = NULL
+    rows_written = NULL, error = NULL, created_at = now(), delivered_at = NULL,
+    driver_id = EXCLUDED.driver_id, lease_expires_at = EXCLUDED.lease_expires_at
 WHERE outboxq_spark_snapshots.state = 'failed'
-RETURNING id
+RETURNING id, epoch
 """
 
-# ---------------------------------------------------------------- recovery on start
+# ---------------------------------------------------------------- adoption (recovery)
 
-spark_snapshot_list_undelivered = """
+# Undelivered snapshots a driver may adopt: its own (left by its predecessor of the same id) and those of
+# any driver of the processor whose lease lapsed (a snapshot from before leases existed has none). SKIP
+# LOCKED: a snapshot being delivered right now, or adopted by another driver, is not waited for.
+spark_snapshot_list_adoptable = """
 SELECT id, processor_id, queue, epoch, job_ids, lease_token, delivery_hash, output_table
 FROM outboxq_spark_snapshots
 WHERE processor_id = %(processor_id)s AND state = 'claimed'
+  AND (driver_id = %(driver_id)s OR coalesce(lease_expires_at, '-infinity') < now())
 ORDER BY id
-FOR UPDATE
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
 """
 
-# Take the snapshot's jobs back under its lease token: those it still holds, and those a lease rescue put
-# back in the queue (a new attempt). A job that finished or that another consumer holds is not taken.
+# The adopting driver holds the snapshot from now on under a new lease token: the old holder's delivery,
+# renewal or failure (all fenced by the token) is refused. The delivery hash and the jobs stay the same.
+spark_snapshot_adopt = """
+UPDATE outboxq_spark_snapshots
+SET driver_id = %(driver_id)s, lease_token = %(new_lease_token)s, epoch = epoch + 1,
+    lease_expires_at = now() + %(lease_s)s::float8 * interval '1 second'
+WHERE id = %(id)s AND lease_token = %(lease_token)s AND state = 'claimed'
+RETURNING epoch
+"""
+
+# Undelivered snapshots of the processor, whoever holds them: a driver told to stop when the queue is
+# empty waits for them (it adopts them if their driver dies).
+spark_snapshot_count_claimed = """
+SELECT count(*) AS claimed FROM outboxq_spark_snapshots
+WHERE processor_id = %(processor_id)s AND state = 'claimed'
+"""
+
+# Take the snapshot's jobs under the adopter's new lease token: those the snapshot still holds, and those a
+# lease rescue put back in the queue (a new attempt). A job that finished or another consumer holds is not.
 spark_jobs_relock_for_snapshot = """
 UPDATE outboxq_jobs j
 SET status = 'running',
     attempts = CASE WHEN j.status = 'running' THEN j.attempts ELSE j.attempts + 1 END,
     max_attempts = coalesce(j.max_attempts, %(default_max_attempts)s),
-    lease_token = %(lease_token)s,
+    lease_token = %(new_lease_token)s,
     lease_expires_at = now() + %(lease_s)s::float8 * interval '1 second',
     worker_id = %(worker_id)s,
     attempt_started_at = now()
@@ -123,6 +157,14 @@ SET lease_expires_at = now() + %(lease_s)s::float8 * interval '1 second'
 WHERE id = ANY(%(ids)s::bigint[]) AND lease_token = %(lease_token)s AND status = 'running'
 """
 
+# No row: the snapshot was adopted by another driver (or delivered); this driver no longer holds it.
+spark_snapshot_extend_lease = """
+UPDATE outboxq_spark_snapshots
+SET lease_expires_at = now() + %(lease_s)s::float8 * interval '1 second'
+WHERE id = %(id)s AND lease_token = %(lease_token)s AND state = 'claimed'
+RETURNING id
+"""
+
 # ---------------------------------------------------------------- delivery
 
 # Fenced by the snapshot's lease token and state: a snapshot is delivered (or failed) once. The lock is
@@ -135,22 +177,22 @@ FOR UPDATE
 
 spark_snapshot_mark_delivered = """
 UPDATE outboxq_spark_snapshots
-SET state = 'delivered', delivered_at = now(), rows_written = %(rows_written)s, epoch = %(epoch)s,
-    error = %(error)s
+SET state = 'delivered', delivered_at = now(), rows_written = %(rows_written)s, error = %(error)s,
+    lease_expires_at = NULL
 WHERE id = %(id)s AND lease_token = %(lease_token)s AND state = 'claimed'
 RETURNING id
 """
 
 spark_snapshot_mark_failed = """
 UPDATE outboxq_spark_snapshots
-SET state = 'failed', error = %(error)s, epoch = %(epoch)s
+SET state = 'failed', error = %(error)s, lease_expires_at = NULL
 WHERE id = %(id)s AND lease_token = %(lease_token)s AND state = 'claimed'
 RETURNING id
 """
 
 spark_snapshot_get = """
 SELECT id, processor_id, queue, epoch, job_ids, lease_token, delivery_hash, output_table, state,
-       rows_written, error, created_at, delivered_at
+       rows_written, error, created_at, delivered_at, driver_id, lease_expires_at
 FROM outboxq_spark_snapshots WHERE id = %(id)s
 """
 
@@ -213,17 +255,26 @@ history AS (
 SELECT id FROM dead
 """
 
-# ---------------------------------------------------------------- output tables
+# ---------------------------------------------------------------- output tables (in the results schema)
 
-# One creator at a time per output table (two processors may deliver their first batch at once).
-spark_output_table_lock = "SELECT pg_advisory_xact_lock(hashtext('outboxq_spark_output:' || %(table)s))"
+# One creator at a time per results schema (two drivers may deliver their first batch at once).
+spark_output_table_lock = "SELECT pg_advisory_xact_lock(hashtext('outboxq_spark_output:' || %(schema)s))"
 
 spark_output_table_columns = """
 SELECT a.attname AS name
 FROM pg_attribute a
-WHERE a.attrelid = to_regclass(quote_ident(%(table)s)) AND a.attnum > 0 AND NOT a.attisdropped
+WHERE a.attrelid = to_regclass(quote_ident(%(schema)s) || '.' || quote_ident(%(table)s))
+  AND a.attnum > 0 AND NOT a.attisdropped
 ORDER BY a.attnum
 """
+
+# Templates for psycopg.sql: every name is filled in as an Identifier, every type from postgres_type().
+spark_results_schema_create = "CREATE SCHEMA IF NOT EXISTS {schema}"
+spark_output_column = "{name} {type}"
+spark_output_hash_column = "{name} text NOT NULL"
+spark_output_table_create = "CREATE TABLE {table} ({columns})"
+spark_output_table_index = "CREATE INDEX {index} ON {table} ({column})"
+spark_output_table_copy = "COPY {table} ({columns}) FROM STDIN"
 
 # ---------------------------------------------------------------- batches (POST /v1/spark/batches)
 
@@ -237,6 +288,12 @@ spark_batch_get = """
 SELECT id, queue, processor, output_table, batch_size, master, state, jobs_claimed, rows_written, error,
        created_at, started_at, finished_at
 FROM outboxq_spark_batches WHERE id = %(id)s
+"""
+
+# One of OUTBOXQ_SPARK_MAX_BATCHES slots, held by a running batch's process as a session lock (freed by
+# PostgreSQL when that process dies).
+spark_batch_try_slot = """
+SELECT pg_try_advisory_lock(hashtext('outboxq_spark_batch_slot'), %(slot)s) AS taken
 """
 
 spark_batch_mark_running = """
@@ -261,7 +318,7 @@ WHERE id = %(id)s AND state IN ('pending', 'running')
 # The snapshots a batch's processor took while the batch ran (until now if it still runs).
 spark_snapshot_list_for_batch = """
 SELECT id, state, jsonb_array_length(job_ids) AS jobs, rows_written, delivery_hash, error, created_at,
-       delivered_at
+       delivered_at, driver_id, epoch
 FROM outboxq_spark_snapshots
 WHERE processor_id = %(processor_id)s AND created_at >= %(since)s
   AND created_at <= coalesce(%(until)s::timestamptz, now())

@@ -9,7 +9,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 
 from outboxq.api.auth import scoped
-from outboxq.api.deps import PoolDep, transaction
+from outboxq.api.deps import PoolDep, SettingsDep, transaction
 from outboxq.api.errors import ApiProblem, error_responses
 from outboxq.api.routing import OutboxqRoute
 from outboxq.api.schemas import SparkBatchCreate, SparkBatchCreated
@@ -37,13 +37,23 @@ def list_spark_batches(pool: PoolDep, limit: Annotated[int, Query(ge=1, le=500)]
 
 @router.post("/v1/spark/batches", status_code=202, response_model=SparkBatchCreated, **scoped("admin"),
              responses=error_responses(400, 401, 403, 422))
-def submit_spark_batch(body: SparkBatchCreate, pool: PoolDep) -> JSONResponse:
-    """Submit a Spark batch that processes the queue's jobs into output_table; returns its id."""
+def submit_spark_batch(body: SparkBatchCreate, pool: PoolDep, settings: SettingsDep) -> JSONResponse:
+    """Submit a Spark batch: a registered processor over the queue's jobs into output_table; returns its id."""
+    if body.master is not None:
+        raise ApiProblem(422, "master_not_allowed", "a request cannot choose the Spark master: it comes from the "
+                         "operator's settings (OUTBOXQ_SPARK_MASTER, OUTBOXQ_SPARK_CONF)")
     batches = _batches()
     with transaction(pool) as conn:
         batch_id = batches.submit_batch(conn, queue=body.queue, processor=body.processor,
                                         output_table=body.output_table, batch_size=body.batch_size,
-                                        master=body.master)
+                                        settings=settings)
+    # Committed: the process finds its row (a launch before the commit could run a batch that rolled back).
+    try:
+        batches.launch_batch(batch_id, settings)
+    except OSError as exc:
+        with transaction(pool) as conn:
+            batches.finish_batch(conn, batch_id, error=f"could not start the batch process: {exc}")
+        raise ApiProblem(503, "spark_launch_failed", f"Spark batch {batch_id} could not start: {exc}") from None
     return JSONResponse({"id": int(batch_id)}, status_code=202)
 
 
