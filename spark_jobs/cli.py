@@ -90,7 +90,7 @@ def _consume(url: str, fields: dict[str, Any], function: Any, args: argparse.Nam
     from outboxq.spark_jobs import batches
     from outboxq.spark_jobs.consumer import Consumer, ConsumerConfig
     from outboxq.spark_jobs.processing import SparkEngine
-    from outboxq.spark_jobs.session import build_session
+    from outboxq.spark_jobs.session import build_session, ship_to_executors
 
     config = ConsumerConfig.from_settings(
         queue=fields["queue"], processor=fields["processor"], output_table=fields["output_table"],
@@ -99,6 +99,7 @@ def _consume(url: str, fields: dict[str, Any], function: Any, args: argparse.Nam
     progress.update("starting Spark…", force=True)
     started = time.perf_counter()
     spark = build_session(fields["master"])
+    ship_to_executors(spark, function)
     session_start_s = time.perf_counter() - started
     progress.done(f"Spark session ready in {session_start_s:.1f} s (master {spark.sparkContext.master})")
 
