@@ -87,6 +87,7 @@ def cmd_spark_run(args: argparse.Namespace) -> int:
 
 def _consume(url: str, fields: dict[str, Any], function: Any, args: argparse.Namespace, status_conn: Any,
              batch_id: int | None, progress: Any) -> dict[str, Any]:
+    from outboxq.settings import get_settings
     from outboxq.spark_jobs import batches
     from outboxq.spark_jobs.consumer import Consumer, ConsumerConfig
     from outboxq.spark_jobs.processing import SparkEngine
@@ -118,7 +119,8 @@ def _consume(url: str, fields: dict[str, Any], function: Any, args: argparse.Nam
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    consumer = Consumer(url, SparkEngine(spark, function), config, on_step=crash_hook_from_env(),
+    engine = SparkEngine(spark, function, schema_sample=get_settings().spark_schema_sample)
+    consumer = Consumer(url, engine, config, on_step=crash_hook_from_env(),
                         on_batch=on_batch)
     started = time.perf_counter()
     try:
