@@ -89,6 +89,8 @@ class Settings(BaseSettings):
     # The processors an HTTP request may name (OUTBOXQ_SPARK_PROCESSORS="totals=my_app.spark:totals,..."):
     # a request picks one by name and never names code to import.
     spark_processors: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
+    # How many payloads of a batch its schema is inferred from (0: all) when the processor declares none.
+    spark_schema_sample: int = Field(default=1000, ge=0)
     # At most this many HTTP-submitted Spark batches run at once; the others wait as `pending`.
     spark_max_batches: int = Field(default=2, ge=1)
     # The PostgreSQL schema the Spark output tables go to: never outboxq's own schema or tables.

@@ -87,10 +87,11 @@ def cmd_spark_run(args: argparse.Namespace) -> int:
 
 def _consume(url: str, fields: dict[str, Any], function: Any, args: argparse.Namespace, status_conn: Any,
              batch_id: int | None, progress: Any) -> dict[str, Any]:
+    from outboxq.settings import get_settings
     from outboxq.spark_jobs import batches
     from outboxq.spark_jobs.consumer import Consumer, ConsumerConfig
     from outboxq.spark_jobs.processing import SparkEngine
-    from outboxq.spark_jobs.session import build_session
+    from outboxq.spark_jobs.session import build_session, ship_to_executors
 
     config = ConsumerConfig.from_settings(
         queue=fields["queue"], processor=fields["processor"], output_table=fields["output_table"],
@@ -99,6 +100,7 @@ def _consume(url: str, fields: dict[str, Any], function: Any, args: argparse.Nam
     progress.update("starting Spark…", force=True)
     started = time.perf_counter()
     spark = build_session(fields["master"])
+    ship_to_executors(spark, function)
     session_start_s = time.perf_counter() - started
     progress.done(f"Spark session ready in {session_start_s:.1f} s (master {spark.sparkContext.master})")
 
@@ -117,7 +119,8 @@ def _consume(url: str, fields: dict[str, Any], function: Any, args: argparse.Nam
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    consumer = Consumer(url, SparkEngine(spark, function), config, on_step=crash_hook_from_env(),
+    engine = SparkEngine(spark, function, schema_sample=get_settings().spark_schema_sample)
+    consumer = Consumer(url, engine, config, on_step=crash_hook_from_env(),
                         on_batch=on_batch)
     started = time.perf_counter()
     try:

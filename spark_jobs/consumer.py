@@ -2,9 +2,9 @@
 
 One consumer is one driver, one Spark application (the session is started once, outside this loop). Any
 number of drivers of one processor run at once: each claims its own snapshots, and adopts the snapshots
-of a driver that died once their lease lapses. Everything that
-touches the database is in spark_jobs.delivery; this module only orders the steps, keeps the leases of a
-batch alive while Spark works, and reports progress.
+of a driver that died once their lease lapses. Everything that touches the database is in
+spark_jobs.delivery; this module only orders the steps, keeps the leases of a batch alive while Spark
+works, and reports progress.
 """
 
 from __future__ import annotations
@@ -203,8 +203,7 @@ class Consumer:
             return True
         snapshot = delivery.claim_snapshot(
             self.conn, processor_id=self.processor_id, driver_id=self.driver_id, epoch=self.epoch,
-            queue=self.config.queue,
-            output_table=self.config.output_table, batch_size=self.config.batch_size,
+            queue=self.config.queue, output_table=self.config.output_table, batch_size=self.config.batch_size,
             lease_s=self.config.lease_s, default_max_attempts=self.config.retry_policy.max_attempts,
             on_step=self.on_step)
         if snapshot is None:

@@ -193,26 +193,52 @@ def _python_type(value: Any) -> str:
     return next((pg for kind, pg in _PYTHON_TO_POSTGRES if isinstance(value, kind)), "jsonb")
 
 
-class SparkEngine:
-    """A Spark processor: a function from a DataFrame of the payloads (plus job_id, queue) to a DataFrame."""
+# Payloads the schema of a batch is inferred from, evenly spread over it (0: every payload).
+DEFAULT_SCHEMA_SAMPLE = 1000
 
-    def __init__(self, spark: SparkSession, function: Callable[..., DataFrame], *, max_runs: int = 32) -> None:
+
+def schema_sample(lines: Sequence[str], size: int) -> list[str]:
+    """Up to ``size`` of the lines, evenly spread and always the same for the same lines (a re-processed
+    snapshot reads its payloads with the same schema); all of them when size is 0."""
+    if size <= 0 or len(lines) <= size:
+        return list(lines)
+    step = len(lines) / size
+    return [lines[int(i * step)] for i in range(size)] + [lines[-1]]
+
+
+class SparkEngine:
+    """A Spark processor: a function from a DataFrame of the payloads (plus job_id, queue) to a DataFrame.
+
+    The payloads' schema is the processor's own when it declares one (a ``payload_schema`` attribute: a
+    DDL string such as ``"customer string, amount double"`` or a StructType); otherwise it is inferred from
+    a sample of ``schema_sample`` payloads of each batch. A field that none of the sampled payloads has is
+    not read: a processor that needs rare fields declares its schema (or set the sample to 0: every payload).
+    """
+
+    def __init__(self, spark: SparkSession, function: Callable[..., DataFrame], *, max_runs: int = 32,
+                 schema_sample: int = DEFAULT_SCHEMA_SAMPLE) -> None:
         self.spark = spark
         self.function = function
         self.max_runs = max_runs
+        self.schema_sample = schema_sample
+        self.declared_schema = getattr(function, "payload_schema", None)
         self._pass_hash = _takes_delivery_hash(function)
 
     def jobs_frame(self, jobs: Sequence[SnapshotJob]) -> DataFrame:
         """The DataFrame of the jobs' payloads: one row per job, a column per payload field.
 
-        The JSON goes to Spark as one Arrow column and is parsed there with a schema inferred here from
-        every payload (Spark's own inference reads the data twice and costs more than the batch itself).
+        The JSON goes to Spark as one Arrow column and is parsed there (from_json) with the declared or
+        sampled schema: Spark's own inference reads the data twice, and parsing every payload in Python
+        costs more than Spark's work on the batch.
         """
         import pyarrow
         from pyspark.sql import functions as F
 
         lines = [j.row_json for j in jobs]
-        schema = infer_schema(json.loads(line) for line in lines)
+        if self.declared_schema is not None:
+            schema = with_job_fields(self.declared_schema)
+        else:
+            schema = infer_schema(json.loads(line) for line in schema_sample(lines, self.schema_sample))
         raw = self.spark.createDataFrame(pyarrow.table({"value": lines}))
         return raw.select(F.from_json("value", schema).alias("row")).select("row.*")
 
@@ -227,6 +253,17 @@ class SparkEngine:
             return columns, list(zip(*(column.to_pylist() for column in table.columns), strict=True))
 
         return process_batch(jobs, attempt, max_runs=self.max_runs)
+
+
+def with_job_fields(schema: Any) -> Any:
+    """A declared payload schema (DDL string or StructType) plus the job_id and queue every row carries."""
+    from pyspark.sql import types as T
+
+    struct = T._parse_datatype_string(schema) if isinstance(schema, str) else schema
+    names = set(struct.fieldNames())
+    extra = [T.StructField(name, kind) for name, kind in (("job_id", T.LongType()), ("queue", T.StringType()))
+             if name not in names]
+    return T.StructType(list(struct.fields) + extra)
 
 
 def postgres_type(data_type: Any) -> str:

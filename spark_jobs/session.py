@@ -5,8 +5,11 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+import tempfile
+import zipfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from outboxq.settings import Settings, get_settings
 
@@ -69,3 +72,32 @@ def build_session(
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("OUTBOXQ_SPARK_LOG_LEVEL", "WARN"))
     return spark
+
+
+def ship_to_executors(spark: SparkSession, function: Callable[..., Any]) -> str | None:
+    """Send the processor's own code to the executors (addPyFile); the path shipped, or None.
+
+    On a cluster the executors import the module of every Python function they run (a UDF of the
+    processor's module), and they do not have the driver's import path. A top-level module goes as its
+    file, a module of a package as a zip of its top-level package. Installed packages (site-packages) and
+    outboxq itself are not shipped: they belong to the executors' Python environment.
+    """
+    if is_local_master(spark.sparkContext.master):
+        return None  # the executors are this process's threads: they import what the driver imports
+    top = function.__module__.partition(".")[0]
+    module = sys.modules.get(top)
+    file = getattr(module, "__file__", None)
+    if top in ("outboxq", "__main__") or not file:
+        return None
+    path = Path(file).resolve()
+    if {"site-packages", "dist-packages"} & set(path.parts):
+        return None
+    if path.name == "__init__.py":
+        archive = Path(tempfile.mkdtemp(prefix="outboxq-py-files-")) / f"{top}.zip"
+        with zipfile.ZipFile(archive, "w") as zipped:
+            for source in sorted(path.parent.rglob("*.py")):
+                zipped.write(source, Path(top) / source.relative_to(path.parent))
+        path = archive
+    spark.sparkContext.addPyFile(str(path))
+    logging.getLogger("outboxq.spark").info("spark: shipped %s to the executors", path)
+    return str(path)

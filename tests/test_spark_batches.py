@@ -125,3 +125,16 @@ def test_batches_on_one_queue_run_side_by_side_and_a_third_waits_pending_under_t
     assert statuses(db_url) == {"done": 600}
     assert stat.S_IMODE(log_dir.stat().st_mode) == 0o700
     assert {stat.S_IMODE(p.stat().st_mode) for p in log_dir.glob("*.log")} == {0o600}
+
+
+def test_the_processor_registry_setting_reads_name_equals_module_function_pairs(monkeypatch):
+    from pydantic import ValidationError
+
+    from outboxq.settings import Settings
+
+    monkeypatch.setenv("OUTBOXQ_SPARK_PROCESSORS", " totals = my_app.spark:totals,lines=my_app.spark:lines ,")
+    assert Settings().spark_processors == {"totals": "my_app.spark:totals", "lines": "my_app.spark:lines"}
+    for bad in ("totals", "totals=my_app.spark.totals", "=m:f"):
+        monkeypatch.setenv("OUTBOXQ_SPARK_PROCESSORS", bad)
+        with pytest.raises(ValidationError, match="name=module:function"):
+            Settings()

@@ -20,7 +20,7 @@ from outboxq.spark_jobs.delivery import (
     STEP_AFTER_WRITE,
     STEP_DURING_PROCESSING,
 )
-from outboxq.spark_jobs.processing import SparkEngine, infer_schema
+from outboxq.spark_jobs.processing import SparkEngine, infer_schema, schema_sample
 from tests.spark_support import (
     Crash,
     crash_at,
@@ -133,3 +133,25 @@ def test_the_spark_run_command_killed_after_the_write_then_rerun_delivers_once(d
     processor_id = processor_id_for("orders-in", "outboxq.spark_jobs.examples:order_totals", "order_totals")
     assert {r[3] for r in rows} == {delivery.delivery_hash(processor_id, ids)}
     assert statuses(db_url) == {"done": 40}
+
+
+def test_a_processor_with_a_declared_payload_schema_reads_the_payloads_with_it(db_url, spark):
+    def amounts(jobs):
+        return jobs.select("job_id", "customer", "amount")
+
+    amounts.payload_schema = "customer string, amount decimal(10,2)"
+    payloads = [{"customer": f"c{i}", "amount": f"{i}.25", "note": "not read"} for i in range(10)]
+    ids = enqueue_orders(db_url, payloads)
+
+    run_until_empty(db_url, SparkEngine(spark, amounts), batch_size=10, output_table="amounts")
+
+    rows = table_rows(db_url, "amounts")
+    assert sorted((r[0], r[1], r[2]) for r in rows) == [(ids[i], f"c{i}", Decimal(f"{i}.25")) for i in range(10)]
+
+
+def test_the_schema_sample_is_spread_over_the_batch_and_the_same_for_the_same_jobs():
+    lines = [str(i) for i in range(10_000)]
+    sample = schema_sample(lines, 100)
+    assert len(sample) == 101 and sample[0] == "0" and sample[-1] == "9999" and sample[50] == "5000"
+    assert schema_sample(lines, 100) == sample
+    assert schema_sample(lines, 0) == lines and schema_sample(lines[:50], 100) == lines[:50]

@@ -65,7 +65,7 @@ def run_bench(*, jobs: int, batch_size: int, rounds: int, master: str) -> dict[s
     spark = build_session(master)
     session_start_s = time.perf_counter() - started
     engines: dict[str, BatchEngine] = {
-        "spark": SparkEngine(spark, examples.order_lines),
+        "spark": SparkEngine(spark, examples.order_lines, schema_sample=get_settings().spark_schema_sample),
         "plain": PythonEngine(examples.plain_order_lines),
     }
     try:
