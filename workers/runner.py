@@ -106,6 +106,8 @@ class Worker:
         self._limits: dict[str, flow_limits.QueueLimits] = {}
         self._limits_read_at: float | None = None
         self._limit_cursor: dict[str, str] = {}
+        self._slots_freed = 0  # completions of limited queues' jobs written so far (the completer counts)
+        self._job_seconds: dict[str, float] = {}  # limited queues: mean handler run time (moving average)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -230,6 +232,7 @@ class Worker:
                     if room <= 0:
                         break
                     limits = self._limits.get(queue_name)
+                    slots_freed = self._slots_freed
                     if limits is None:  # no limit: today's claim, nothing more
                         wanted = min(room, self.batch_size)
                         jobs = self.claim(conn, consumer, wanted)
@@ -240,7 +243,9 @@ class Worker:
                         jobs = self.claim_limited(conn, consumer, limits, wanted)
                     for job in jobs:
                         self._work.put(job)
-                    if len(jobs) < wanted:
+                    if len(jobs) < wanted and not (limits is not None and self._slots_freed != slots_freed):
+                        # (A limited queue whose slot freed while it was being claimed is claimed again at once:
+                        # the completer's wake-up came before this claim's short answer.)
                         self._idle_until[queue_name] = time.monotonic() + (
                             self.poll_interval if limits is None else min(self.poll_interval, LIMITED_RECHECK_S))
                     else:
@@ -284,9 +289,17 @@ class Worker:
         """How many jobs of a limited queue to claim. Where the limit can bind (a rate limit, per-key limits, a
         concurrency below what this worker may hold), only as many as there are idle handlers: a job claimed
         is a job started, so the starts stay within the rate limit and no worker holds slots it cannot use."""
-        if (limits.rate_limit_count is None and not limits.per_key
-                and limits.global_concurrency is not None and limits.global_concurrency >= self.max_in_flight):
-            return room
+        # A concurrency limit (global, or per key) at least what this worker may hold cannot be made to bind by
+        # this worker's buffer: claim full batches, as an unlimited queue does (the claim still caps each key).
+        if limits.rate_limit_count is None and (limits.global_concurrency is None
+                                                or limits.global_concurrency >= self.max_in_flight):
+            if not limits.per_key:
+                return room
+            # Per key: what this worker holds runs before the job of a key that arrives later, so it holds only
+            # a short time's work (outboxq.queue.limits.fair_hold), measured from its handlers' run times.
+            hold = flow_limits.fair_hold(self.concurrency, self._job_seconds.get(limits.queue), self.max_in_flight)
+            with self._lock:
+                return min(room, hold - len(self._in_flight))
         with self._lock:
             return min(room, self.concurrency - len(self._in_flight))
 
@@ -302,9 +315,13 @@ class Worker:
         rows: list[dict[str, Any]] = []
         after_key = self._limit_cursor.get(consumer.queue, "")
         jobs = self.claim(conn, consumer, limit, statement=limits_sql.job_claim_limited_per_key,
-                          params={"after_key": after_key, "max_keys": max(4 * limit, 64)}, rows_out=rows)
+                          params={"after_key": after_key, "max_keys": max(2 * limit, 64)}, rows_out=rows)
         if rows:  # the round robin resumes after the last key served
             self._limit_cursor[consumer.queue] = max(rows, key=lambda r: r["limit_key_pos"])["limit_key"]
+            # Handlers take the batch in round-robin order too (every key's first job, then every key's second...):
+            # a key that just arrived does not wait behind another key's share of the batch.
+            turn = {r["id"]: (r["limit_key_turn"], r["limit_key_pos"]) for r in rows}
+            jobs.sort(key=lambda job: turn[job.id])
         return jobs
 
     def claim(self, conn: psycopg.Connection, consumer: Consumer, limit: int,
@@ -497,7 +514,14 @@ class Worker:
         with self._lock:
             for o in outcomes:
                 self._in_flight.pop(o.job.id, None)
-        for queue_name in {o.job.queue for o in outcomes} & self._limits.keys():
+        freed = {o.job.queue for o in outcomes} & self._limits.keys()
+        if freed:
+            self._slots_freed += 1
+            for queue_name in freed:
+                durations = [o.duration_s for o in outcomes if o.job.queue == queue_name]
+                mean, before = sum(durations) / len(durations), self._job_seconds.get(queue_name)
+                self._job_seconds[queue_name] = mean if before is None else 0.7 * before + 0.3 * mean
+        for queue_name in freed:
             self._idle_until[queue_name] = 0.0  # a slot of a limited queue is free: claim again now
         self._wake.set()
 

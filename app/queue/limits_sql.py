@@ -219,7 +219,9 @@ flow_allowance AS (
 flow_picked AS (
     SELECT c.id, a.limit_key, a.pos,
            row_number() OVER (PARTITION BY a.limit_key ORDER BY c.priority, c.run_at, c.id) AS turn
-    FROM flow_allowance a
+    -- The first `limit` keys that may start a job: each gives at least one, so no more rows are locked than
+    -- the claim can take (with 10,000 keys, locking a job of every scanned key cost more than the claim).
+    FROM (SELECT * FROM flow_allowance WHERE n > 0 ORDER BY pos LIMIT %(limit)s) a
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.run_at FROM outboxq_jobs j
         WHERE j.queue = %(queue)s AND j.status IN ('queued', 'retrying') AND j.limit_key = a.limit_key
@@ -228,7 +230,6 @@ flow_picked AS (
         LIMIT a.n
         FOR UPDATE SKIP LOCKED
     ) c
-    WHERE a.n > 0
 ),
 fresh AS (SELECT id FROM flow_picked ORDER BY turn, pos LIMIT %(limit)s),
 retry AS (SELECT NULL::bigint AS id WHERE false),
@@ -238,6 +239,6 @@ flow_claimed AS (
 flow_claimed_keys AS (SELECT limit_key, count(*)::int AS n FROM flow_claimed GROUP BY limit_key),"""
     + _STARTS
     + """
-SELECT c.*, p.pos AS limit_key_pos FROM flow_claimed c JOIN flow_picked p ON p.id = c.id
+SELECT c.*, p.pos AS limit_key_pos, p.turn AS limit_key_turn FROM flow_claimed c JOIN flow_picked p ON p.id = c.id
 """
 )
