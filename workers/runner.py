@@ -303,6 +303,29 @@ class Worker:
         with self._lock:
             return min(room, self.concurrency - len(self._in_flight))
 
+    def _claim_into_freed_slots(self, conn: psycopg.Connection, outcomes: list[Outcome]) -> set[str]:
+        """Refill the slots of concurrency-bound queues whose jobs just ended, in the transaction that frees them:
+        one commit and one hand-off to the dispatcher fewer between a job's end and the next one's start.
+        Returns the queues whose freed slots were all refilled."""
+        refilled: set[str] = set()
+        if not self._limits or self._stopping.is_set():
+            return refilled
+        for queue_name, limits in self._limits.items():
+            if (limits.rate_limit_count is not None or limits.per_key or limits.global_concurrency is None
+                    or limits.global_concurrency >= self.max_in_flight):
+                continue  # rate limits and per-key rounds stay with the dispatcher
+            ended = sum(1 for o in outcomes if o.job.queue == queue_name)
+            with self._lock:  # the outcomes' jobs still count in _in_flight until written
+                idle = self.concurrency - (len(self._in_flight) - len(outcomes))
+            wanted = min(ended, idle)
+            if wanted > 0:
+                jobs = self.claim_limited(conn, self.consumers[queue_name], limits, wanted)
+                for job in jobs:
+                    self._work.put(job)
+                if len(jobs) == wanted:
+                    refilled.add(queue_name)
+        return refilled
+
     def claim_limited(self, conn: psycopg.Connection, consumer: Consumer, limits: flow_limits.QueueLimits,
                       limit: int) -> list[ClaimedJob]:
         """Claim up to `limit` jobs of a limited queue, within its limits (committed).
@@ -489,6 +512,7 @@ class Worker:
         succeeded_queues = {o.job.queue for o in outcomes if o.succeeded and not o.fenced}
         for queue_name in succeeded_queues & self._failing_queues:
             conn.execute(sql.queue_mark_healthy, {"queue": queue_name})
+        refilled = self._claim_into_freed_slots(conn, outcomes)  # flow control: commits with the outcomes
         conn.commit()
         self._failing_queues -= succeeded_queues
 
@@ -515,12 +539,13 @@ class Worker:
             for o in outcomes:
                 self._in_flight.pop(o.job.id, None)
         freed = {o.job.queue for o in outcomes} & self._limits.keys()
+        for queue_name in freed:
+            durations = [o.duration_s for o in outcomes if o.job.queue == queue_name]
+            mean, before = sum(durations) / len(durations), self._job_seconds.get(queue_name)
+            self._job_seconds[queue_name] = mean if before is None else 0.7 * before + 0.3 * mean
+        freed -= refilled  # (the slots refilled above need no claim from the dispatcher)
         if freed:
             self._slots_freed += 1
-            for queue_name in freed:
-                durations = [o.duration_s for o in outcomes if o.job.queue == queue_name]
-                mean, before = sum(durations) / len(durations), self._job_seconds.get(queue_name)
-                self._job_seconds[queue_name] = mean if before is None else 0.7 * before + 0.3 * mean
         for queue_name in freed:
             self._idle_until[queue_name] = 0.0  # a slot of a limited queue is free: claim again now
         self._wake.set()
