@@ -130,9 +130,10 @@ def rows_read_from_jobs(plan: dict) -> int:
 
 
 def test_the_per_key_claim_with_10000_keys_is_index_driven_and_reads_only_the_keys_it_serves(many_keys):
-    from outboxq.queue import limits_sql
+    from outboxq.queue import limits, limits_sql
 
-    limit, max_keys = 500, 1000  # what a worker asks with a full batch (runner: max_keys = 2 * limit)
+    limit = 500  # what a worker asks with a full batch
+    max_keys = limits.key_budget(limit)
     params = {"queue": "tenants", "limit": limit, "lease_token": uuid.uuid4(), "lease_s": 60.0, "worker_id": "w",
               "default_max_attempts": 25, "after_key": "tenant-5000", "max_keys": max_keys}
     plan = analyzed(many_keys, limits_sql.job_claim_limited_per_key, params)

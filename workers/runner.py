@@ -338,7 +338,7 @@ class Worker:
         rows: list[dict[str, Any]] = []
         after_key = self._limit_cursor.get(consumer.queue, "")
         jobs = self.claim(conn, consumer, limit, statement=limits_sql.job_claim_limited_per_key,
-                          params={"after_key": after_key, "max_keys": max(2 * limit, 64)}, rows_out=rows)
+                          params={"after_key": after_key, "max_keys": flow_limits.key_budget(limit)}, rows_out=rows)
         if rows:  # the round robin resumes after the last key served
             self._limit_cursor[consumer.queue] = max(rows, key=lambda r: r["limit_key_pos"])["limit_key"]
             # Handlers take the batch in round-robin order too (every key's first job, then every key's second...):

@@ -105,6 +105,15 @@ def fair_hold(concurrency: int, mean_job_s: float | None, most: int) -> int:
     return max(concurrency, min(most, int(concurrency * FAIR_HOLD_S / max(mean_job_s, 1e-6))))
 
 
+# A per-key claim scans this many keys more than it may claim jobs, to pass keys that are at their limit.
+KEY_SCAN_MARGIN = 64
+
+
+def key_budget(limit: int) -> int:
+    """How many keys a per-key claim of `limit` jobs scans at most (each key scanned costs an index probe)."""
+    return limit + KEY_SCAN_MARGIN
+
+
 def limit_key_of(limit_by: LimitBy, payload: Any) -> str | None:
     """The limit key of a payload: its `limit_by` field, or what the callable returns (None: no key)."""
     if callable(limit_by):
