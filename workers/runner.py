@@ -332,13 +332,16 @@ class Worker:
 
         The claims of one limited queue take turns (an advisory lock until commit), each counting what runs
         and what started under the previous one."""
-        conn.execute(limits_sql.queue_limit_claim_lock, {"queue": consumer.queue})
-        if not limits.per_key:
-            return self.claim(conn, consumer, limit, statement=limits_sql.job_claim_limited)
         rows: list[dict[str, Any]] = []
-        after_key = self._limit_cursor.get(consumer.queue, "")
-        jobs = self.claim(conn, consumer, limit, statement=limits_sql.job_claim_limited_per_key,
-                          params={"after_key": after_key, "max_keys": flow_limits.key_budget(limit)}, rows_out=rows)
+        # One round trip for the lock and the claim (a pipeline); still two statements, two snapshots.
+        with conn.pipeline():
+            conn.execute(limits_sql.queue_limit_claim_lock, {"queue": consumer.queue})
+            if not limits.per_key:
+                return self.claim(conn, consumer, limit, statement=limits_sql.job_claim_limited)
+            after_key = self._limit_cursor.get(consumer.queue, "")
+            jobs = self.claim(conn, consumer, limit, statement=limits_sql.job_claim_limited_per_key,
+                              params={"after_key": after_key, "max_keys": flow_limits.key_budget(limit)},
+                              rows_out=rows)
         if rows:  # the round robin resumes after the last key served
             self._limit_cursor[consumer.queue] = max(rows, key=lambda r: r["limit_key_pos"])["limit_key"]
             # Handlers take the batch in round-robin order too (every key's first job, then every key's second...):
