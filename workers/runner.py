@@ -286,9 +286,10 @@ class Worker:
         self._limits_read_at = time.monotonic()
 
     def _limited_room(self, limits: flow_limits.QueueLimits, room: int) -> int:
-        """How many jobs of a limited queue to claim. Where the limit can bind (a rate limit, per-key limits, a
-        concurrency below what this worker may hold), only as many as there are idle handlers: a job claimed
-        is a job started, so the starts stay within the rate limit and no worker holds slots it cannot use."""
+        """How many jobs of a limited queue to claim. Where the limit can bind (a rate limit, a concurrency,
+        global or per key, below what this worker may hold), only as many as there are idle handlers: a job
+        claimed is a job started, so the starts stay within the rate limit and no worker holds slots it cannot
+        use."""
         # A concurrency limit (global, or per key) at least what this worker may hold cannot be made to bind by
         # this worker's buffer: claim full batches, as an unlimited queue does (the claim still caps each key).
         if limits.rate_limit_count is None and (limits.global_concurrency is None
