@@ -135,3 +135,26 @@ def test_metrics_show_each_limited_queues_limits_usage_and_busiest_keys(db_url):
     assert samples[("outboxq_queue_limit_rate_per_second", (("queue", "paced"),))] == 2.0
     assert samples[("outboxq_queue_limit_window_starts", (("queue", "paced"),))] == 0
     assert ("outboxq_queue_limit_concurrency", (("queue", "paced"),)) not in samples
+
+
+def test_limits_set_at_run_time_survive_a_worker_restart_that_declares_others(api, db_url):
+    assert api.put("/v1/queues/api-restart/limits", json={"global_concurrency": 3}).status_code == 200
+    # A worker starting with a consumer that declares other limits keeps the operator's.
+    worker = Worker([Consumer("api-restart", lambda payload: None, global_concurrency=50, rate_limit="5/s")],
+                    url=db_url, poll_interval=0.05, run_maintenance=False, listen=False).start()
+    try:
+        wait_for(lambda: "api-restart" in worker._limits)
+        assert (worker._limits["api-restart"].global_concurrency, worker._limits["api-restart"].rate_limit) == (3, None)
+    finally:
+        worker.stop(timeout=5)
+    assert api.get("/v1/queues/api-restart/limits").json()["source"] == "operator"
+    # After a reset, the next worker to start declares its consumer's limits again.
+    assert api.delete("/v1/queues/api-restart/limits").status_code == 204
+    worker = Worker([Consumer("api-restart", lambda payload: None, global_concurrency=50, rate_limit="5/s")],
+                    url=db_url, poll_interval=0.05, run_maintenance=False, listen=False).start()
+    try:
+        wait_for(lambda: "api-restart" in worker._limits)
+    finally:
+        worker.stop(timeout=5)
+    declared = api.get("/v1/queues/api-restart/limits").json()
+    assert (declared["global_concurrency"], declared["rate_limit"], declared["source"]) == (50, "5/s", "consumer")

@@ -86,3 +86,76 @@ def test_metrics_statements_never_scan_the_finished_history(history, name):
     plan = plan_of(history, getattr(sql, name), {})
     assert_no_seq_scan(plan)
     assert scans_of_jobs(plan) and all(index is not None for _, index in scans_of_jobs(plan)), scans_of_jobs(plan)
+
+
+KEYS = 10_000
+
+
+@pytest.fixture
+def many_keys(history):
+    """Beside the history: a per-key queue with 10,000 distinct limit keys (two ready jobs each) and 100 running
+    jobs, its limits row, then ANALYZE."""
+    history.execute("""
+        INSERT INTO outboxq_jobs (queue, status, payload, limit_key)
+        SELECT 'tenants', 'queued', '{}'::jsonb, 'tenant-' || (i %% %s) FROM generate_series(1, %s) AS i
+    """, (KEYS, 2 * KEYS))
+    history.execute("""
+        INSERT INTO outboxq_jobs (queue, status, payload, limit_key, lease_token, lease_expires_at, attempts)
+        SELECT 'tenants', 'running', '{}'::jsonb, 'tenant-' || i, gen_random_uuid(), now() + interval '1 min', 1
+        FROM generate_series(1, 100) AS i
+    """)
+    history.execute("INSERT INTO outboxq_queue_limits (queue, global_concurrency, per_key) VALUES ('tenants', 2, true)")
+    history.commit()
+    history.autocommit = True
+    history.execute("ANALYZE outboxq_jobs")
+    history.autocommit = False
+    return history
+
+
+def analyzed(conn, statement: str, params: dict) -> dict:
+    """EXPLAIN (ANALYZE, FORMAT JSON): the statement runs, then its transaction is rolled back."""
+    rows = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, params).fetchall()
+    conn.rollback()
+    return rows[0]["QUERY PLAN"][0]["Plan"]
+
+
+def reads_of_jobs(plan: dict) -> list[tuple[str, str | None]]:
+    """The scans of outboxq_jobs (not the UPDATE's ModifyTable node) with their index."""
+    return [(node, index) for node, index in scans_of_jobs(plan) if "Scan" in node]
+
+
+def rows_read_from_jobs(plan: dict) -> int:
+    return sum(n.get("Actual Rows", 0) * n.get("Actual Loops", 1) for n in nodes(plan)
+               if n.get("Relation Name") == "outboxq_jobs" and "Scan" in n["Node Type"])
+
+
+def test_the_per_key_claim_with_10000_keys_is_index_driven_and_reads_only_the_keys_it_serves(many_keys):
+    from outboxq.queue import limits, limits_sql
+
+    limit = 500  # what a worker asks with a full batch
+    max_keys = limits.key_budget(limit)
+    params = {"queue": "tenants", "limit": limit, "lease_token": uuid.uuid4(), "lease_s": 60.0, "worker_id": "w",
+              "default_max_attempts": 25, "after_key": "tenant-5000", "max_keys": max_keys}
+    plan = analyzed(many_keys, limits_sql.job_claim_limited_per_key, params)
+    assert_no_seq_scan(plan)
+    scans = reads_of_jobs(plan)
+    assert all(index is not None for _, index in scans), [s for s in scans if s[1] is None]
+    assert {"outboxq_jobs_limit_key_idx", "outboxq_jobs_lease_idx", "outboxq_jobs_pkey"} <= {i for _, i in scans}
+    # It walks at most max_keys keys (one index probe each) and the jobs it claims: never all 10,000 keys, the
+    # 20,000 ready jobs or the 200,000 finished ones.
+    assert rows_read_from_jobs(plan) <= 2 * max_keys + 2 * limit + 100, rows_read_from_jobs(plan)
+    claimed = plan["Actual Rows"]
+    assert claimed == limit  # each key gives at most its two, one per turn: 500 keys served
+
+
+@pytest.mark.parametrize("name", ["job_claim_limited", "queue_limits_usage"])
+def test_the_limited_claim_and_the_usage_never_scan_the_finished_history(many_keys, name):
+    from outboxq.queue import limits_sql
+
+    many_keys.execute("INSERT INTO outboxq_queue_limits (queue, global_concurrency) VALUES ('emails', 10)")
+    many_keys.commit()
+    plan = plan_of(many_keys, getattr(limits_sql, name), {
+        "queue": "emails", "limit": 500, "lease_token": uuid.uuid4(), "lease_s": 60.0, "worker_id": "w",
+        "default_max_attempts": 25})
+    assert_no_seq_scan(plan)
+    assert reads_of_jobs(plan) and all(index is not None for _, index in reads_of_jobs(plan)), reads_of_jobs(plan)

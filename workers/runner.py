@@ -120,6 +120,8 @@ class Worker:
         self._limits: dict[str, flow_limits.QueueLimits] = {}
         self._limits_read_at: float | None = None
         self._limit_cursor: dict[str, str] = {}
+        self._slots_freed = 0  # completions of limited queues' jobs written so far (the completer counts)
+        self._job_seconds: dict[str, float] = {}  # limited queues: mean handler run time (moving average)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -255,6 +257,7 @@ class Worker:
                     if room <= 0:
                         break
                     limits = self._limits.get(queue_name)
+                    slots_freed = self._slots_freed
                     if limits is None:  # no limit: today's claim, nothing more
                         wanted = min(room, self.batch_size)
                         jobs = self.claim(conn, consumer, wanted)
@@ -265,7 +268,9 @@ class Worker:
                         jobs = self.claim_limited(conn, consumer, limits, wanted)
                     for job in jobs:
                         self._work.put(job)
-                    if len(jobs) < wanted:
+                    if len(jobs) < wanted and not (limits is not None and self._slots_freed != slots_freed):
+                        # (A limited queue whose slot freed while it was being claimed is claimed again at once:
+                        # the completer's wake-up came before this claim's short answer.)
                         self._idle_until[queue_name] = time.monotonic() + (
                             self.poll_interval if limits is None else min(self.poll_interval, LIMITED_RECHECK_S))
                     else:
@@ -306,14 +311,46 @@ class Worker:
         self._limits_read_at = time.monotonic()
 
     def _limited_room(self, limits: flow_limits.QueueLimits, room: int) -> int:
-        """How many jobs of a limited queue to claim. Where the limit can bind (a rate limit, per-key limits, a
-        concurrency below what this worker may hold), only as many as there are idle handlers: a job claimed
-        is a job started, so the starts stay within the rate limit and no worker holds slots it cannot use."""
-        if (limits.rate_limit_count is None and not limits.per_key
-                and limits.global_concurrency is not None and limits.global_concurrency >= self.max_in_flight):
-            return room
+        """How many jobs of a limited queue to claim. Where the limit can bind (a rate limit, a concurrency,
+        global or per key, below what this worker may hold), only as many as there are idle handlers: a job
+        claimed is a job started, so the starts stay within the rate limit and no worker holds slots it cannot
+        use."""
+        # A concurrency limit (global, or per key) at least what this worker may hold cannot be made to bind by
+        # this worker's buffer: claim full batches, as an unlimited queue does (the claim still caps each key).
+        if limits.rate_limit_count is None and (limits.global_concurrency is None
+                                                or limits.global_concurrency >= self.max_in_flight):
+            if not limits.per_key:
+                return room
+            # Per key: what this worker holds runs before the job of a key that arrives later, so it holds only
+            # a short time's work (outboxq.queue.limits.fair_hold), measured from its handlers' run times.
+            hold = flow_limits.fair_hold(self.concurrency, self._job_seconds.get(limits.queue), self.max_in_flight)
+            with self._lock:
+                return min(room, hold - len(self._in_flight))
         with self._lock:
             return min(room, self.concurrency - len(self._in_flight))
+
+    def _claim_into_freed_slots(self, conn: psycopg.Connection, outcomes: list[Outcome]) -> set[str]:
+        """Refill the slots of concurrency-bound queues whose jobs just ended, in the transaction that frees them:
+        one commit and one hand-off to the dispatcher fewer between a job's end and the next one's start.
+        Returns the queues whose freed slots were all refilled."""
+        refilled: set[str] = set()
+        if not self._limits or self._stopping.is_set():
+            return refilled
+        for queue_name, limits in self._limits.items():
+            if (limits.rate_limit_count is not None or limits.per_key or limits.global_concurrency is None
+                    or limits.global_concurrency >= self.max_in_flight):
+                continue  # rate limits and per-key rounds stay with the dispatcher
+            ended = sum(1 for o in outcomes if o.job.queue == queue_name)
+            with self._lock:  # the outcomes' jobs still count in _in_flight until written
+                idle = self.concurrency - (len(self._in_flight) - len(outcomes))
+            wanted = min(ended, idle)
+            if wanted > 0:
+                jobs = self.claim_limited(conn, self.consumers[queue_name], limits, wanted)
+                for job in jobs:
+                    self._work.put(job)
+                if len(jobs) == wanted:
+                    refilled.add(queue_name)
+        return refilled
 
     def claim_limited(self, conn: psycopg.Connection, consumer: Consumer, limits: flow_limits.QueueLimits,
                       limit: int) -> list[ClaimedJob]:
@@ -321,15 +358,22 @@ class Worker:
 
         The claims of one limited queue take turns (an advisory lock until commit), each counting what runs
         and what started under the previous one."""
-        conn.execute(limits_sql.queue_limit_claim_lock, {"queue": consumer.queue})
-        if not limits.per_key:
-            return self.claim(conn, consumer, limit, statement=limits_sql.job_claim_limited)
         rows: list[dict[str, Any]] = []
-        after_key = self._limit_cursor.get(consumer.queue, "")
-        jobs = self.claim(conn, consumer, limit, statement=limits_sql.job_claim_limited_per_key,
-                          params={"after_key": after_key, "max_keys": max(4 * limit, 64)}, rows_out=rows)
+        # One round trip for the lock and the claim (a pipeline); still two statements, two snapshots.
+        with conn.pipeline():
+            conn.execute(limits_sql.queue_limit_claim_lock, {"queue": consumer.queue})
+            if not limits.per_key:
+                return self.claim(conn, consumer, limit, statement=limits_sql.job_claim_limited)
+            after_key = self._limit_cursor.get(consumer.queue, "")
+            jobs = self.claim(conn, consumer, limit, statement=limits_sql.job_claim_limited_per_key,
+                              params={"after_key": after_key, "max_keys": flow_limits.key_budget(limit)},
+                              rows_out=rows)
         if rows:  # the round robin resumes after the last key served
             self._limit_cursor[consumer.queue] = max(rows, key=lambda r: r["limit_key_pos"])["limit_key"]
+            # Handlers take the batch in round-robin order too (every key's first job, then every key's second...):
+            # a key that just arrived does not wait behind another key's share of the batch.
+            turn = {r["id"]: (r["limit_key_turn"], r["limit_key_pos"]) for r in rows}
+            jobs.sort(key=lambda job: turn[job.id])
         return jobs
 
     def claim(self, conn: psycopg.Connection, consumer: Consumer, limit: int,
@@ -515,6 +559,7 @@ class Worker:
         succeeded_queues = {o.job.queue for o in outcomes if o.succeeded and not o.fenced}
         for queue_name in succeeded_queues & self._failing_queues:
             conn.execute(sql.queue_mark_healthy, {"queue": queue_name})
+        refilled = self._claim_into_freed_slots(conn, outcomes)  # flow control: commits with the outcomes
         conn.commit()
         self._failing_queues -= succeeded_queues
 
@@ -542,7 +587,15 @@ class Worker:
         with self._lock:
             for o in outcomes:
                 self._in_flight.pop(o.job.id, None)
-        for queue_name in {o.job.queue for o in outcomes} & self._limits.keys():
+        freed = {o.job.queue for o in outcomes} & self._limits.keys()
+        for queue_name in freed:
+            durations = [o.duration_s for o in outcomes if o.job.queue == queue_name]
+            mean, before = sum(durations) / len(durations), self._job_seconds.get(queue_name)
+            self._job_seconds[queue_name] = mean if before is None else 0.7 * before + 0.3 * mean
+        freed -= refilled  # (the slots refilled above need no claim from the dispatcher)
+        if freed:
+            self._slots_freed += 1
+        for queue_name in freed:
             self._idle_until[queue_name] = 0.0  # a slot of a limited queue is free: claim again now
         self._wake.set()
 

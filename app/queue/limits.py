@@ -25,6 +25,10 @@ MAX_LIMIT = 2**31 - 1
 # How often a worker re-reads the limits of its queues (a change takes effect within this, plus a claim).
 LIMITS_REFRESH_S = 2.0
 
+# Fairness between keys: a worker holds (claimed, running or about to) at most about this many seconds of a
+# per-key queue's work, so the job of a key that arrives later waits at most that long behind it.
+FAIR_HOLD_S = 0.1
+
 LimitBy = str | Callable[[Any], Any]
 
 
@@ -91,6 +95,23 @@ def declared_limits(queue: str, *, global_concurrency: int | None, rate_limit: s
     count, period = parse_rate_limit(rate_limit)
     return QueueLimits(queue=queue, global_concurrency=validate_concurrency(global_concurrency),
                        rate_limit_count=count, rate_limit_period_s=period, per_key=limit_by is not None)
+
+
+def fair_hold(concurrency: int, mean_job_s: float | None, most: int) -> int:
+    """How many jobs of a per-key queue a worker with `concurrency` handlers holds at once: FAIR_HOLD_S of work
+    at the measured mean handler time (one per handler until there is a measure), at most `most`."""
+    if mean_job_s is None:
+        return min(concurrency, most)
+    return max(concurrency, min(most, int(concurrency * FAIR_HOLD_S / max(mean_job_s, 1e-6))))
+
+
+# A per-key claim scans this many keys more than it may claim jobs, to pass keys that are at their limit.
+KEY_SCAN_MARGIN = 64
+
+
+def key_budget(limit: int) -> int:
+    """How many keys a per-key claim of `limit` jobs scans at most (each key scanned costs an index probe)."""
+    return limit + KEY_SCAN_MARGIN
 
 
 def limit_key_of(limit_by: LimitBy, payload: Any) -> str | None:

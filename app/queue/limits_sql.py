@@ -23,7 +23,9 @@ LIMIT_LOCK_CLASS = 7314
 
 # Counted as started within the window: a start this much older than the period (as a fraction of it), so
 # that the jitter between a claim and its handler's start cannot put N + 1 handler starts within one period.
-RATE_WINDOW_MARGIN = 0.02
+# (2% let 11 starts of a 10/s limit into one second on a loaded 2-core machine, 2 runs in 4; 5% costs the same
+# share of the rate: 200/s drains at about 190/s.)
+RATE_WINDOW_MARGIN = 0.05
 
 queue_limit_claim_lock = f"SELECT pg_advisory_xact_lock({LIMIT_LOCK_CLASS}, hashtext(%(queue)s))"
 
@@ -163,35 +165,40 @@ flow_claimed_keys AS (SELECT '' AS limit_key, count(*)::int AS n FROM flow_claim
 # starts after `after_key` (the last key the worker served) and wraps around, at most `max_keys` of them;
 # each key's allowance (its own concurrency and rate limits), capped at an equal share of `limit`; then round
 # robin: every key's first job, then every key's second job, and so on. `pos` is each key's place in the
-# scan: the worker resumes after the last key it served.
-_KEY_AFTER = """SELECT j.limit_key FROM outboxq_jobs j
-         WHERE j.queue = %(queue)s AND j.status IN ('queued', 'retrying') AND j.limit_key IS NOT NULL
-           AND j.limit_key > {after} {until}
-         ORDER BY j.limit_key LIMIT 1"""
+# scan: the worker resumes after the last key it served. The skip scan keeps each key's first live index
+# entry (priority, run_at, id), and the key's jobs are read from there: during a drain the entries of the jobs
+# already claimed lie at the front of every key's range, and walking them twice per key per claim cost more
+# than the claim itself. `attempts >= 0` (always true) reads a column the index lacks, so the scan visits the
+# heap instead of being index-only: only then does PostgreSQL mark the dead entries it meets as dead in the
+# index (so the next claims step over them without a heap visit; measured: 15 -> 9 ms per claim of 500).
+_FIRST_OF_NEXT_KEY = """SELECT j.limit_key, j.priority, j.run_at, j.id FROM outboxq_jobs j
+        WHERE j.queue = %(queue)s AND j.status IN ('queued', 'retrying') AND j.limit_key IS NOT NULL
+          {after} {until}
+          AND j.attempts >= 0
+        ORDER BY j.limit_key, j.priority, j.run_at, j.id LIMIT 1"""
+
+
+def _keys_scan(name: str, first_pos: str, until: str) -> str:
+    """A recursive skip scan of the keys: the first job of the first key, then of each next key."""
+    first = _FIRST_OF_NEXT_KEY.format(after="AND j.limit_key > %(after_key)s" if not until else "", until=until)
+    step = _FIRST_OF_NEXT_KEY.format(after="AND j.limit_key > k.limit_key", until=until)
+    return f"""{name}(limit_key, priority, run_at, id, pos) AS (
+    (SELECT f.*, {first_pos} FROM ({first}) f)
+    UNION ALL
+    SELECT f.*, k.pos + 1 FROM {name} k CROSS JOIN LATERAL ({step}) f
+    WHERE k.pos < %(max_keys)s
+)"""
+
 
 job_claim_limited_per_key = (
-    "WITH RECURSIVE " + _LIMITS.strip() + """,
-flow_keys_after(limit_key, pos) AS (
-    SELECT (""" + _KEY_AFTER.format(after="%(after_key)s", until="") + """), 1
-    UNION ALL
-    SELECT (""" + _KEY_AFTER.format(after="k.limit_key", until="") + """), k.pos + 1
-    FROM flow_keys_after k WHERE k.limit_key IS NOT NULL AND k.pos < %(max_keys)s
-),
-flow_keys_wrapped(limit_key, pos) AS (
-    SELECT (SELECT j.limit_key FROM outboxq_jobs j
-            WHERE j.queue = %(queue)s AND j.status IN ('queued', 'retrying') AND j.limit_key IS NOT NULL
-              AND j.limit_key <= %(after_key)s
-            ORDER BY j.limit_key LIMIT 1),
-           (SELECT count(limit_key) FROM flow_keys_after)::int + 1
-    UNION ALL
-    SELECT (""" + _KEY_AFTER.format(after="k.limit_key", until="AND j.limit_key <= %(after_key)s") + """),
-           k.pos + 1
-    FROM flow_keys_wrapped k WHERE k.limit_key IS NOT NULL AND k.pos < %(max_keys)s
-),
+    "WITH RECURSIVE " + _LIMITS.strip() + ",\n"
+    + _keys_scan("flow_keys_after", "1", "") + ",\n"
+    + _keys_scan("flow_keys_wrapped", "(SELECT count(*) FROM flow_keys_after)::int + 1",
+                 "AND j.limit_key <= %(after_key)s") + """,
 flow_keys AS (
-    SELECT limit_key, pos FROM flow_keys_after WHERE limit_key IS NOT NULL
+    SELECT * FROM flow_keys_after
     UNION ALL
-    SELECT limit_key, pos FROM flow_keys_wrapped WHERE limit_key IS NOT NULL AND pos <= %(max_keys)s
+    SELECT * FROM flow_keys_wrapped WHERE pos <= %(max_keys)s
 ),
 flow_running AS (
     SELECT limit_key, count(*) AS n FROM outboxq_jobs
@@ -205,7 +212,7 @@ flow_recent AS (
 ),
 """ + _QUEUE_STATE + """,
 flow_allowance AS (
-    SELECT k.limit_key, k.pos,
+    SELECT k.limit_key, k.pos, k.priority, k.run_at, k.id,
            greatest(0, least(
                ceil(%(limit)s::float8 / greatest(1, (SELECT count(*) FROM flow_keys)))::int,
                l.global_concurrency - coalesce(r.n, 0),
@@ -219,16 +226,17 @@ flow_allowance AS (
 flow_picked AS (
     SELECT c.id, a.limit_key, a.pos,
            row_number() OVER (PARTITION BY a.limit_key ORDER BY c.priority, c.run_at, c.id) AS turn
-    FROM flow_allowance a
+    -- The first `limit` keys that may start a job: each gives at least one, so no more rows are locked than
+    -- the claim can take (with 10,000 keys, locking a job of every scanned key cost more than the claim).
+    FROM (SELECT * FROM flow_allowance WHERE n > 0 ORDER BY pos LIMIT %(limit)s) a
     CROSS JOIN LATERAL (
         SELECT j.id, j.priority, j.run_at FROM outboxq_jobs j
         WHERE j.queue = %(queue)s AND j.status IN ('queued', 'retrying') AND j.limit_key = a.limit_key
-          AND j.run_at <= now()
+          AND (j.priority, j.run_at, j.id) >= (a.priority, a.run_at, a.id) AND j.run_at <= now()
         ORDER BY j.priority, j.run_at, j.id
         LIMIT a.n
         FOR UPDATE SKIP LOCKED
     ) c
-    WHERE a.n > 0
 ),
 fresh AS (SELECT id FROM flow_picked ORDER BY turn, pos LIMIT %(limit)s),
 retry AS (SELECT NULL::bigint AS id WHERE false),
@@ -238,6 +246,6 @@ flow_claimed AS (
 flow_claimed_keys AS (SELECT limit_key, count(*)::int AS n FROM flow_claimed GROUP BY limit_key),"""
     + _STARTS
     + """
-SELECT c.*, p.pos AS limit_key_pos FROM flow_claimed c JOIN flow_picked p ON p.id = c.id
+SELECT c.*, p.pos AS limit_key_pos, p.turn AS limit_key_turn FROM flow_claimed c JOIN flow_picked p ON p.id = c.id
 """
 )
