@@ -233,13 +233,22 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_create_role(args: argparse.Namespace) -> int:
-    """Create the least-privilege role the API and workers should run as."""
+    """Create the least-privilege role one component (api, worker, spark, or all) runs as."""
     from outboxq.db import connect
-    from outboxq.queue.roles import create_app_role
+    from outboxq.queue.roles import PROFILES, create_app_role
+    from outboxq.settings import get_settings
 
+    settings = get_settings()
     with connect(_current_url()) as conn:
-        create_app_role(conn, args.role, password=args.password)
-    print(f"role {args.role} created: it can read and write outboxq's rows, and change no schema")
+        create_app_role(conn, args.role, component=args.component, password=args.password,
+                        schema=settings.db_schema, results_schema=settings.spark_results_schema,
+                        statement_timeout_s=args.statement_timeout, connection_limit=args.connection_limit)
+        conn.commit()
+    profile = PROFILES[args.component]
+    print(f"role {args.role} created for {args.component}: it reads and writes outboxq's rows"
+          f"{'' if profile.deletes_everywhere else ' (deleting only queue limits)'}, changes no schema, "
+          f"statement_timeout {args.statement_timeout or profile.statement_timeout_s:g} s, at most "
+          f"{args.connection_limit or profile.connection_limit} connections")
     return 0
 
 
@@ -313,9 +322,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_stats)
 
-    p = sub.add_parser("create-role", help="create the least-privilege database role for API and workers")
+    p = sub.add_parser("create-role", help="create the least-privilege database role of one component")
     p.add_argument("role")
+    p.add_argument("--for", dest="component", choices=["api", "worker", "spark", "all"], default="all",
+                   help="the component that runs as this role (default all: every right any component uses)")
     p.add_argument("--password")
+    p.add_argument("--statement-timeout", type=float, help="seconds (default per component: 15, 60, 600)")
+    p.add_argument("--connection-limit", type=int, help="default per component: api 40, worker 200, spark 40")
     p.set_defaults(func=cmd_create_role)
 
     # Imported explicitly: a broken import is an error with its message. Each module imports its heavy

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 
 from outboxq.errors import DuplicateJob, InvalidInput, InvalidPayload, UnknownDependency
@@ -207,12 +208,22 @@ async def async_psycopg_connection(conn: Any) -> psycopg.AsyncConnection:
 
 
 class Statement:
-    """One statement of a plan; `rows` says what the plan gets back: "all", "one" or "none"."""
+    """One statement of a plan; `rows` says what the plan gets back: "all", "one" or "none". A statement
+    `only_in_transaction` (a savepoint) runs only inside the caller's open transaction; the plan gets back
+    whether it ran."""
 
-    __slots__ = ("text", "params", "rows")
+    __slots__ = ("text", "params", "rows", "only_in_transaction")
 
-    def __init__(self, text: str, params: dict[str, Any], rows: str = "all"):
+    def __init__(self, text: str, params: dict[str, Any], rows: str = "all", only_in_transaction: bool = False):
         self.text, self.params, self.rows = text, params, rows
+        self.only_in_transaction = only_in_transaction
+
+
+def _skipped(step: Statement, pg: psycopg.Connection | psycopg.AsyncConnection) -> bool:
+    """True when `step` runs only inside a transaction and the caller's connection has none: autocommit, not
+    in a `conn.transaction()` block (without autocommit, psycopg begins one at the first statement)."""
+    return (step.only_in_transaction and pg.autocommit
+            and pg.info.transaction_status != TransactionStatus.INTRANS)
 
 
 class Copy:
@@ -242,9 +253,12 @@ def _run_plan(conn: Any, plan: Plan) -> Any:
                     for row in step.rows:
                         copy.write_row(row)
                 result = None
+            elif _skipped(step, pg):
+                result = False
             else:
                 cur.execute(sql.qualified(step.text, schema), step.params)
                 result = cur.fetchall() if step.rows == "all" else cur.fetchone() if step.rows == "one" else None
+                result = True if step.only_in_transaction else result
             try:
                 step = plan.send(result)
             except StopIteration as done:
@@ -266,9 +280,13 @@ async def _run_plan_async(conn: Any, plan: Plan) -> Any:
                     for row in step.rows:
                         await copy.write_row(row)
                 result = None
+            elif _skipped(step, pg):
+                result = False
             else:
                 await cur.execute(sql.qualified(step.text, schema), step.params)
-                if step.rows == "all":
+                if step.only_in_transaction:
+                    result = True
+                elif step.rows == "all":
                     result = await cur.fetchall()
                 else:
                     result = await cur.fetchone() if step.rows == "one" else None
@@ -575,6 +593,9 @@ def _insert_keyed_jobs(
             to_write.append(i)
             if k is not None:
                 seen.add(k)
+    # A savepoint undoes a refused call without DELETE (which the API's role may not have); on an autocommit
+    # connection there is no transaction to hold one, and the rows written are deleted instead.
+    in_savepoint = yield Statement(sql.enqueue_savepoint, {}, rows="none", only_in_transaction=True)
     rows = yield Statement(
         sql.job_insert_many,
         {
@@ -596,10 +617,16 @@ def _insert_keyed_jobs(
     if refused:
         if on_conflict == "raise":
             # A key was held: undo this call's rows so the caller's transaction stays whole.
-            yield Statement(sql.job_delete_by_ids, {"ids": [r["id"] for r in rows]}, rows="none")
+            if in_savepoint:
+                yield Statement(sql.enqueue_savepoint_rollback, {}, rows="none")
+                yield Statement(sql.enqueue_savepoint_release, {}, rows="none")
+            else:
+                yield Statement(sql.job_delete_by_ids, {"ids": [r["id"] for r in rows]}, rows="none")
             raise DuplicateJob(queue, refused[0])
         holders = yield from _key_holders(queue, refused)
         held.update(holders)
+    if in_savepoint:
+        yield Statement(sql.enqueue_savepoint_release, {}, rows="none")
     unkeyed = iter([r for r in rows if r["key"] is None])
     results: list[dict[str, Any] | Job] = []
     for k in key_list:

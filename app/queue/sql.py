@@ -75,6 +75,11 @@ FROM STDIN
 
 job_delete_by_ids = "DELETE FROM outboxq_jobs WHERE id = ANY(%(ids)s::bigint[])"
 
+# enqueue_many with keys, inside the caller's transaction: a refused call rolls back to this savepoint.
+enqueue_savepoint = "SAVEPOINT outboxq_enqueue_many"
+enqueue_savepoint_rollback = "ROLLBACK TO SAVEPOINT outboxq_enqueue_many"
+enqueue_savepoint_release = "RELEASE SAVEPOINT outboxq_enqueue_many"
+
 # The newest job of each (queue, key) pair (a key that is not unique forever may have several jobs).
 job_find_by_keys = """
 SELECT DISTINCT ON (j.queue, j.key) j.id, j.queue, j.key, j.status
