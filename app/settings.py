@@ -69,8 +69,8 @@ class Settings(BaseSettings):
     # of them leaves the window.
     auth_max_failures: int = Field(default=10, ge=1)
     auth_failure_window_s: float = Field(default=60.0, gt=0)
-    # HMAC key of the listing markers; empty: a random key per process (markers then do not survive a
-    # restart). Set it when several API processes serve the same clients.
+    # HMAC key of the listing markers; empty: a random key made by the first API process and kept in the
+    # database (outboxq_secrets), so markers survive restarts and agree across API processes.
     marker_secret: str = ""
     # How long `outboxq serve` waits for the database at start-up before serving (503 on /readyz) anyway.
     db_wait_s: float = 30.0

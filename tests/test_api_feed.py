@@ -100,3 +100,19 @@ def test_concurrent_writers_and_a_paging_reader_see_every_committed_job_exactly_
     assert len(seen) == len(set(seen)), "a job was listed twice"
     assert set(seen) == committed, "the listing skipped committed jobs or showed rolled-back ones"
     assert not set(seen) & rolled_back
+
+
+def test_without_a_configured_secret_markers_survive_restarts_and_agree_across_processes(db_url):
+    from tests.api_support import api_client
+
+    with api_client(db_url, marker_secret="") as first:
+        for i in range(3):
+            assert first.post("/v1/queues/feed/jobs", json={"payload": {"i": i}}).status_code == 201
+        page = first.get("/v1/queues/feed/jobs", params={"limit": 1}).json()
+    marker = page["next_marker"]
+    with api_client(db_url, marker_secret="") as second:  # another process, or the same one restarted
+        rest = second.get("/v1/queues/feed/jobs", params={"marker": marker})
+    assert rest.status_code == 200, rest.text
+    assert [j["payload"]["i"] for j in rest.json()["items"]] == [1, 2]
+    with api_client(db_url, marker_secret="another-configured-secret") as configured:
+        assert configured.get("/v1/queues/feed/jobs", params={"marker": marker}).status_code == 400

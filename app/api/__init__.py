@@ -4,7 +4,6 @@ the same API for someone else's FastAPI app."""
 from __future__ import annotations
 
 import logging
-import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -37,7 +36,7 @@ def create_router(settings: Settings | None = None) -> APIRouter:
     state = ApiState(
         settings=settings,
         tokens=tokens,
-        marker_secret=(settings.marker_secret or secrets.token_hex(32)).encode(),
+        marker_secret=settings.marker_secret.encode() if settings.marker_secret else None,
         health_monitor=HealthMonitor(healthy_allowed_error_time_s=settings.healthy_allowed_error_time_s,
                                      startup_grace_s=settings.health_startup_grace_s),
         auth_limiter=FailedAuthLimiter(settings.auth_max_failures, settings.auth_failure_window_s),

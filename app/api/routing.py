@@ -15,6 +15,7 @@ from psycopg_pool import ConnectionPool
 from outboxq.api import errors
 from outboxq.api.auth import FailedAuthLimiter, TokenEntry
 from outboxq.queue.admin import HealthMonitor
+from outboxq.queue.secrets import MARKER_SECRET, shared_secret
 from outboxq.settings import Settings
 
 # Room for the envelope (key, depends_on, options) around a payload at the size limit.
@@ -27,10 +28,17 @@ class ApiState:
 
     settings: Settings
     tokens: list[TokenEntry]
-    marker_secret: bytes
+    # OUTBOXQ_MARKER_SECRET, else the secret every API process shares through the database (read once).
+    marker_secret: bytes | None
     health_monitor: HealthMonitor
     auth_limiter: FailedAuthLimiter
     pool: ConnectionPool | None = field(default=None)
+
+    def marker_key(self, conn: Any) -> bytes:
+        """The listing markers' HMAC key: the configured one, or the one kept in the database."""
+        if self.marker_secret is None:
+            self.marker_secret = shared_secret(conn, MARKER_SECRET)
+        return self.marker_secret
 
     def body_limit(self, batch: bool) -> int:
         """The largest request body a route accepts (batch routes take several payloads)."""

@@ -290,6 +290,16 @@ spark_batches = Table(
     CheckConstraint("state IN ('pending', 'running', 'done', 'failed')", name="outboxq_spark_batches_state_check"),
 )
 
+# Secrets every API process shares: the listing markers' HMAC key when OUTBOXQ_MARKER_SECRET is not set, made
+# by the first process that needs it, so markers survive restarts and agree across processes.
+secrets = Table(
+    "outboxq_secrets",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("value", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
 # DDL that SQLAlchemy metadata cannot express: the wake-up notification for new work.
 # Where `outboxq migrate` records its revision: a table of its own, never the application's alembic_version.
 VERSION_TABLE = "outboxq_alembic_version"

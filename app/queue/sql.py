@@ -476,6 +476,22 @@ idempotency_key_prune = """
 DELETE FROM outboxq_idempotency_keys WHERE created_at < %(before)s
 """
 
+# ---------------------------------------------------------------- shared secrets (app/queue/secrets.py)
+
+# The named secret, written with `value` by the first caller; a caller that raced with that first writer gets
+# nothing back (the row is not in its snapshot) and reads again.
+secret_get_or_create = """
+WITH created AS (
+    INSERT INTO outboxq_secrets (name, value) VALUES (%(name)s, %(value)s)
+    ON CONFLICT (name) DO NOTHING
+    RETURNING value
+)
+SELECT value FROM created
+UNION ALL
+SELECT value FROM outboxq_secrets WHERE name = %(name)s
+LIMIT 1
+"""
+
 # ---------------------------------------------------------------- admin
 
 job_retry_now = f"""

@@ -146,7 +146,7 @@ def list_jobs(
 ) -> JSONResponse:
     """A page of the queue's jobs in enqueue order; markers never skip or repeat a job."""
     with transaction(pool) as conn:
-        page = feed.list_page(conn, api_state(request).marker_secret, queue, marker=marker, limit=limit,
+        page = feed.list_page(conn, api_state(request).marker_key(conn), queue, marker=marker, limit=limit,
                               status=status)
     return JSONResponse({"items": [job_public(i.job, i.marker) for i in page.items],
                          "next_marker": page.next_marker})
