@@ -1,0 +1,120 @@
+"""What a limited claim costs: EXPLAIN (ANALYZE, BUFFERS) of the unlimited claim, the limited claim
+(global_concurrency=10000) and the per-key claim (limit_by, 10000 per key), at rest and in the middle of a
+drain (after `--claims` claims of `--limit` jobs, each completed, no VACUUM in between: the dead index entries
+of a real drain), with `--keys` distinct keys.
+
+    python bench/flow_claim_explain.py [--url postgresql://root@127.0.0.1:5432/postgres]
+                                       [--keys 100] [--jobs 20000] [--limit 500] [--claims 20] [--repeat 3]
+
+Works in a scratch database (created, migrated, dropped) on the server of --url (default: DATABASE_URL,
+else the embedded PostgreSQL). Each figure is the median of --repeat runs of EXPLAIN ANALYZE, each in a
+transaction rolled back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import uuid
+from pathlib import Path
+
+import psycopg
+from psycopg.rows import dict_row
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from outboxq.db import database_url, url_with_database  # noqa: E402
+from outboxq.queue import limits, limits_sql, migrate, sql  # noqa: E402
+
+CLAIMS = {"unlimited": sql.job_claim_batch, "global_concurrency": limits_sql.job_claim_limited,
+          "per_key": limits_sql.job_claim_limited_per_key}
+
+
+def fill(conn: psycopg.Connection, kind: str, keys: int, jobs: int) -> None:
+    """`jobs` ready jobs in queue q (spread over `keys` limit keys for per_key), the queue's limits, VACUUM."""
+    conn.execute("TRUNCATE outboxq_jobs CASCADE")
+    conn.execute("DELETE FROM outboxq_queue_limits")
+    conn.execute("INSERT INTO outboxq_jobs (queue, status, payload, limit_key) "
+                 "SELECT 'q', 'queued', '{}'::jsonb, CASE WHEN %s THEN 'key-' || (g %% %s) END "
+                 "FROM generate_series(1, %s) AS g", (kind == "per_key", keys, jobs))
+    if kind != "unlimited":
+        conn.execute("INSERT INTO outboxq_queue_limits (queue, global_concurrency, per_key) VALUES ('q', 10000, %s)",
+                     (kind == "per_key",))
+    conn.execute("VACUUM ANALYZE outboxq_jobs")
+
+
+def params(limit: int, after_key: str) -> dict:
+    """The claim's parameters, as the worker passes them."""
+    return {"queue": "q", "limit": limit, "lease_token": uuid.uuid4(), "lease_s": 30.0, "worker_id": "bench",
+            "default_max_attempts": 5, "after_key": after_key, "max_keys": limits.key_budget(limit)}
+
+
+def explain(conn: psycopg.Connection, kind: str, limit: int, after_key: str, repeat: int) -> tuple[float, float, int]:
+    """Median planning ms, execution ms and shared buffers hit of the claim (rolled back each time)."""
+    planning, execution, buffers = [], [], []
+    for _ in range(repeat):
+        plan = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + CLAIMS[kind],
+                            params(limit, after_key)).fetchone()["QUERY PLAN"][0]
+        conn.rollback()
+        planning.append(plan["Planning Time"])
+        execution.append(plan["Execution Time"])
+        buffers.append(plan["Plan"].get("Shared Hit Blocks", 0))
+    return statistics.median(planning), statistics.median(execution), int(statistics.median(buffers))
+
+
+def drain_some(conn: psycopg.Connection, kind: str, limit: int, claims: int) -> str:
+    """Claim and complete `claims` batches as a worker would; returns the per-key round robin's cursor."""
+    after_key = ""
+    for _ in range(claims):
+        if kind != "unlimited":
+            conn.execute(limits_sql.queue_limit_claim_lock, {"queue": "q"})
+        p = params(limit, after_key)
+        rows = conn.execute(CLAIMS[kind], p).fetchall()
+        conn.commit()
+        if kind == "per_key" and rows:
+            after_key = max(rows, key=lambda r: r["limit_key_pos"])["limit_key"]
+        conn.execute(sql.job_complete_batch, {"ids": [r["id"] for r in rows],
+                                              "lease_tokens": [p["lease_token"]] * len(rows)}).fetchall()
+        conn.commit()
+    return after_key
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", default=None)
+    parser.add_argument("--keys", type=int, default=100)
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--limit", type=int, default=500)
+    parser.add_argument("--claims", type=int, default=20)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+
+    server = args.url or os.environ.get("DATABASE_URL") or database_url()
+    name = f"outboxq_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = url_with_database(server, name)
+    try:
+        migrate.upgrade(url)
+        print(f"{args.jobs:,} ready jobs, {args.keys:,} keys (per_key), claims of {args.limit}")
+        with psycopg.connect(url, row_factory=dict_row) as conn:
+            for kind in CLAIMS:
+                conn.autocommit = True
+                fill(conn, kind, args.keys, args.jobs)
+                conn.autocommit = False
+                at_rest = explain(conn, kind, args.limit, "", args.repeat)
+                after_key = drain_some(conn, kind, args.limit, args.claims)
+                mid = explain(conn, kind, args.limit, after_key, args.repeat)
+                print(f"  {kind:18} at rest: planning {at_rest[0]:5.2f} ms, execution {at_rest[1]:6.2f} ms, "
+                      f"{at_rest[2]:6,} buffers | after {args.claims} claims: planning {mid[0]:5.2f} ms, "
+                      f"execution {mid[1]:6.2f} ms, {mid[2]:6,} buffers")
+    finally:
+        with psycopg.connect(server, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
