@@ -40,3 +40,19 @@ def claim_running(url: str, queue: str, limit_keys: list[str]) -> None:
     worker = Worker([consumer], url=url, run_maintenance=False, listen=False)
     with worker._connect() as conn:
         assert len(worker.claim(conn, consumer, len(limit_keys))) == len(limit_keys)
+
+
+def stop_processes(*procs) -> None:
+    """SIGTERM each process still running (None entries are skipped), then wait for each; kill what hangs."""
+    import signal
+    import subprocess
+
+    for proc in procs:
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        if proc is not None:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()

@@ -26,7 +26,7 @@ from outboxq.queue import limits
 from outboxq.workers.registry import Consumer
 from outboxq.workers.runner import Worker
 from tests.handlers_flow import RUNS_DDL
-from tests.support import claim_running, wait_for
+from tests.support import claim_running, stop_processes, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,16 +41,7 @@ def _start_worker(db_url, log_path, queues, *extra):
     )
 
 
-def _stop(*procs):
-    for proc in procs:
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    for proc in procs:
-        if proc is not None:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+_stop = stop_processes
 
 
 def _fill(db_url, queue, payloads, **options):

@@ -22,7 +22,7 @@ from outboxq.workers.periodic import Schedule, periodic, slot_key
 from outboxq.workers.registry import Consumer
 from outboxq.workers.runner import Worker
 from outboxq.workers.scheduler import slots_to_run
-from tests.support import wait_for
+from tests.support import stop_processes, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS_DDL = ("CREATE TABLE IF NOT EXISTS test_periodic_runs (key text PRIMARY KEY, job_id bigint, "
@@ -39,15 +39,7 @@ def _start_worker(db_url, log_path):
     )
 
 
-def _stop(*procs):
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+_stop = stop_processes
 
 
 def _slots(db_url, policy):

@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 import psycopg
-from psycopg.rows import dict_row
 
 from outboxq.queue import periodic_sql
 from outboxq.queue.enqueue import enqueue
+from outboxq.workers.connected_thread import ConnectedThread
 from outboxq.workers.periodic import Schedule, slot_key
 
 log = logging.getLogger("outboxq.scheduler")
@@ -32,47 +31,24 @@ MAX_SLEEP_S = 1.0
 # Longer than a running scheduler's longest sleep: a slot this old at our start was due while no scheduler
 # ran (or while every one of them was stalled).
 MISSED_GRACE_S = 2.0
-RECONNECT_DELAY_S = 0.5
 
 
-class Scheduler:
+class Scheduler(ConnectedThread):
     """Enqueues the slots of `schedules` for one worker process."""
 
     def __init__(self, url: str, schedules: Iterable[Schedule]):
-        self.url = url
+        super().__init__(url, "outboxq-scheduler", log)
         self.schedules = {s.name: s for s in schedules}
         self.started_at: datetime | None = None  # the database's clock when this scheduler first wrote
         self.enqueued = 0
-        self._stopping = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="outboxq-scheduler", daemon=True)
 
-    def start(self) -> Scheduler:
-        """Start the thread; returns at once."""
-        self.thread.start()
-        return self
+    def connected(self, conn: psycopg.Connection) -> None:
+        """Write this worker's schedules at each (re)connect."""
+        self.declare(conn)
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop after the current pass."""
-        self._stopping.set()
-        self.thread.join(timeout=timeout)
-
-    def _run(self) -> None:
-        conn: psycopg.Connection | None = None
-        while not self._stopping.is_set():
-            try:
-                if conn is None or conn.closed:
-                    conn = psycopg.connect(self.url, row_factory=dict_row)
-                    self.declare(conn)
-                sleep_s = self.tick(conn)
-            except psycopg.Error as exc:
-                log.warning("scheduler: database error (%s); reconnecting", exc)
-                if conn is not None:
-                    conn.close()
-                conn = None
-                sleep_s = RECONNECT_DELAY_S
-            self._stopping.wait(sleep_s)
-        if conn is not None:
-            conn.close()
+    def step(self, conn: psycopg.Connection) -> float:
+        """One tick."""
+        return self.tick(conn)
 
     def declare(self, conn: psycopg.Connection) -> None:
         """Write this worker's schedules (committed); the first call sets started_at."""

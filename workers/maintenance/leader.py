@@ -11,16 +11,15 @@ longer hold back a lease renewal.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
 
 from outboxq.queue import sql
 from outboxq.settings import Settings
+from outboxq.workers.connected_thread import ConnectedThread
 from outboxq.workers.maintenance import promote, prune, rescue
 
 log = logging.getLogger("outboxq.maintenance")
@@ -28,7 +27,6 @@ log = logging.getLogger("outboxq.maintenance")
 PRUNE_INTERVAL_S = 60.0
 # While a prune finds a full batch it goes on this soon, one batch per tick, instead of in one long loop.
 PRUNE_BACKLOG_INTERVAL_S = 0.05
-RECONNECT_DELAY_S = 0.5
 
 
 class Service:
@@ -71,50 +69,31 @@ def default_services(poll_interval: float) -> list[Service]:
     ]
 
 
-class Maintenance:
+class Maintenance(ConnectedThread):
     """The maintenance thread of one worker: leads (holds the advisory lock) or waits to lead."""
 
     def __init__(self, url: str, settings: Settings, *, poll_interval: float, worker_id: str,
                  services: list[Service] | None = None):
-        self.url, self.settings, self.worker_id = url, settings, worker_id
+        self.settings, self.worker_id = settings, worker_id
+        super().__init__(url, "outboxq-maintenance", log)
         self.poll_interval = max(0.05, poll_interval)
         self.services = services if services is not None else default_services(self.poll_interval)
         self.is_leader = False
-        self._stopping = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="outboxq-maintenance", daemon=True)
 
-    def start(self) -> Maintenance:
-        """Start the thread; returns at once."""
-        self.thread.start()
-        return self
+    def step(self, conn: psycopg.Connection) -> float:
+        """Lead if nobody does; while leading, run the services that are due."""
+        if not self.is_leader:
+            self._set_leader(self._try_lead(conn))
+        if self.is_leader:
+            self._tick(conn)
+        return self._sleep_s()
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop after the current pass; closing the connection hands leadership to another worker."""
-        self._stopping.set()
-        self.thread.join(timeout=timeout)
+    def connected(self, conn: psycopg.Connection) -> None:
+        """A new connection holds no lock yet."""
+        self._set_leader(False)
 
-    def _run(self) -> None:
-        conn: psycopg.Connection | None = None
-        while not self._stopping.is_set():
-            try:
-                if conn is None or conn.closed:
-                    conn = psycopg.connect(self.url, row_factory=dict_row)
-                    self._set_leader(False)
-                if not self.is_leader:
-                    self._set_leader(self._try_lead(conn))
-                if self.is_leader:
-                    self._tick(conn)
-            except psycopg.Error as exc:
-                log.warning("maintenance: database error (%s); reconnecting", exc)
-                self._set_leader(False)
-                if conn is not None:
-                    conn.close()
-                conn = None
-                self._stopping.wait(RECONNECT_DELAY_S)
-                continue
-            self._stopping.wait(self._sleep_s())
-        if conn is not None:
-            conn.close()  # releases the lock: another worker leads from its next try
+    def disconnected(self) -> None:
+        """A closed connection released the lock: another worker leads from its next try."""
         self._set_leader(False)
 
     def _try_lead(self, conn: psycopg.Connection) -> bool:

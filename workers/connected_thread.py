@@ -1,0 +1,63 @@
+"""A background thread with a database connection of its own, reconnecting after errors (the scheduler and
+the maintenance leader are two)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import psycopg
+from psycopg.rows import dict_row
+
+RECONNECT_DELAY_S = 0.5
+
+
+class ConnectedThread:
+    """Runs `step(conn)` in a loop on its own connection until stopped; a database error closes the connection,
+    calls `disconnected()`, and reconnects after RECONNECT_DELAY_S. Subclasses define step, and may define
+    connected(conn) (after each connect) and disconnected() (after each loss, and once at the end)."""
+
+    def __init__(self, url: str, name: str, log: logging.Logger):
+        self.url, self.log = url, log
+        self._stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self):  # noqa: ANN201 - returns the subclass instance
+        """Start the thread; returns at once."""
+        self.thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop after the current step; the connection is closed."""
+        self._stopping.set()
+        self.thread.join(timeout=timeout)
+
+    def step(self, conn: psycopg.Connection) -> float:
+        """Do one bounded piece of work; the seconds to wait before the next one."""
+        raise NotImplementedError
+
+    def connected(self, conn: psycopg.Connection) -> None:
+        """Called after each (re)connect."""
+
+    def disconnected(self) -> None:
+        """Called after the connection was lost or closed."""
+
+    def _run(self) -> None:
+        conn: psycopg.Connection | None = None
+        while not self._stopping.is_set():
+            try:
+                if conn is None or conn.closed:
+                    conn = psycopg.connect(self.url, row_factory=dict_row)
+                    self.connected(conn)
+                sleep_s = self.step(conn)
+            except psycopg.Error as exc:
+                self.log.warning("%s: database error (%s); reconnecting", self.thread.name, exc)
+                if conn is not None:
+                    conn.close()
+                conn = None
+                self.disconnected()
+                sleep_s = RECONNECT_DELAY_S
+            self._stopping.wait(sleep_s)
+        if conn is not None:
+            conn.close()
+        self.disconnected()
