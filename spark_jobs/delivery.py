@@ -410,18 +410,22 @@ def _fail_jobs(
     if not failed_jobs:
         return 0
     ids = sorted(failed_jobs)
-    params: dict[str, Any] = {"ids": ids, "errors": [failed_jobs[i][:10_000] for i in ids],
-                              "lease_token": snapshot.lease_token}
-    if error_queue:
-        _execute(conn, spark_sql.spark_error_queue_insert,
-                     {**params, "error_queue": error_queue, "delivery_hash": snapshot.delivery_hash})
-        changed = _execute(conn, spark_sql.spark_jobs_mark_dead, params).fetchall()
+    errors = [failed_jobs[i][:10_000] for i in ids]
+    if error_queue:  # a handled error: the job is dead at once, its payload and error in the error queue
+        _execute(conn, spark_sql.spark_error_queue_insert, {
+            "ids": ids, "errors": errors, "lease_token": snapshot.lease_token,
+            "error_queue": error_queue, "delivery_hash": snapshot.delivery_hash})
+        decisions = [("dead", 0.0)] * len(ids)
     else:
         policy = retry_policy or RetryPolicy()
-        changed = _execute(conn, spark_sql.spark_jobs_fail, {
-            **params, "traceback": traceback, "backoff_base": policy.backoff_base,
-            "backoff_max": policy.backoff_max, "jitter": policy.jitter,
-        }).fetchall()
+        claimed = {job.id: job for job in snapshot.jobs}  # attempts as counted by this snapshot's claim
+        decisions = [policy.decide(claimed[i].attempts, claimed[i].max_attempts) for i in ids]
+    changed = _execute(conn, job_sql.job_fail_batch, {
+        "ids": ids, "lease_tokens": [snapshot.lease_token] * len(ids),
+        "statuses": [status for status, _ in decisions], "delays": [delay for _, delay in decisions],
+        "errors": errors, "tracebacks": [None if error_queue else traceback] * len(ids),
+        "mark_failing": not error_queue,
+    }).fetchall()
     if len(changed) != len(ids):
         raise DeliveryFenced(f"snapshot {snapshot.id}: {len(ids) - len(changed)} failed jobs lost their lease")
     return len(changed)

@@ -13,6 +13,7 @@ import psycopg
 import pytest
 
 from outboxq import get_job
+from outboxq.queue.backoff import RetryPolicy
 from outboxq.spark_jobs import delivery
 from outboxq.spark_jobs.delivery import (
     STEP_AFTER_COMMIT,
@@ -238,6 +239,24 @@ def test_jobs_out_of_attempts_are_dead_after_a_failed_batch(db_url):
     run_until_empty(db_url, PythonEngine(broken), batch_size=3)
     with psycopg.connect(db_url) as conn:
         assert {get_job(conn, i).status for i in ids} == {"dead"}
+
+
+def test_a_failed_batch_retries_each_job_after_its_consumers_own_backoff(db_url):
+    def broken(records):
+        raise RuntimeError("downstream down")
+
+    ids = enqueue_orders(db_url, order_payloads(4))
+    policy = RetryPolicy(max_attempts=5, backoff_base=100.0, backoff_max=1000.0, jitter=0.0)
+    run_until_empty(db_url, PythonEngine(broken), batch_size=4, retry_policy=policy)
+    with psycopg.connect(db_url) as conn:
+        rows = conn.execute("SELECT status, attempts, extract(epoch FROM run_at - now()) FROM outboxq_jobs "
+                            "WHERE id = ANY(%s)", (ids,)).fetchall()
+        failing = conn.execute("SELECT consecutive_failures FROM outboxq_queues WHERE queue = %s",
+                               (QUEUE,)).fetchone()
+    # attempt 1 failed: the policy's 100 s (no jitter), not the settings' default of 5 s
+    assert [(status, attempts) for status, attempts, _ in rows] == [("retrying", 1)] * 4
+    assert all(95 < wait <= 100 for *_, wait in rows)
+    assert failing == (4,)  # one consecutive failure per failed job
 
 
 def test_an_existing_output_table_without_the_needed_columns_is_a_clear_error(db_url):

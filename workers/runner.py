@@ -537,6 +537,7 @@ class Worker:
             }).fetchall()
             completed_ids = {r["id"] for r in rows if r["id"] is not None}
         failed_writes = []
+        to_fail: list[Outcome] = []
         for o in outcomes:
             if o.fenced or o.succeeded:
                 continue
@@ -549,13 +550,17 @@ class Worker:
                     "id": o.job.id, "lease_token": o.job.lease_token, "delay": o.snooze_s,
                     "error": o.error}).fetchone()))
                 continue
-            policy = o.job.consumer.retry_policy(self.settings)
-            dead = policy.is_exhausted(o.job.attempts, o.job.max_attempts)
-            failed_writes.append((o, conn.execute(sql.job_fail, {
-                "id": o.job.id, "lease_token": o.job.lease_token, "dead": dead,
-                "delay": 0.0 if dead else policy.delay(o.job.attempts),
-                "error": o.error or "failed", "traceback": o.traceback,
-            }).fetchone()))
+            to_fail.append(o)
+        if to_fail:
+            decisions = [o.job.consumer.retry_policy(self.settings).decide(o.job.attempts, o.job.max_attempts)
+                         for o in to_fail]
+            rows = {r["id"]: r for r in conn.execute(sql.job_fail_batch, {
+                "ids": [o.job.id for o in to_fail], "lease_tokens": [o.job.lease_token for o in to_fail],
+                "statuses": [status for status, _ in decisions], "delays": [delay for _, delay in decisions],
+                "errors": [o.error or "failed" for o in to_fail], "tracebacks": [o.traceback for o in to_fail],
+                "mark_failing": True,
+            }).fetchall()}
+            failed_writes += [(o, rows.get(o.job.id)) for o in to_fail]
         succeeded_queues = {o.job.queue for o in outcomes if o.succeeded and not o.fenced}
         for queue_name in succeeded_queues & self._failing_queues:
             conn.execute(sql.queue_mark_healthy, {"queue": queue_name})

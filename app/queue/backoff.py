@@ -32,6 +32,13 @@ class RetryPolicy:
         limit = self.max_attempts if max_attempts is None else max_attempts
         return limit != 0 and attempts >= limit
 
+    def decide(self, attempts: int, max_attempts: int | None = None,
+               rng: random.Random | None = None) -> tuple[str, float]:
+        """The fate of a job whose attempt number `attempts` failed: ("dead", 0.0) or ("retrying", delay)."""
+        if self.is_exhausted(attempts, max_attempts):
+            return "dead", 0.0
+        return "retrying", self.delay(attempts, rng)
+
     def delay(self, attempts: int, rng: random.Random | None = None) -> float:
         """Seconds to wait before the next attempt, after `attempts` attempts (1-based)."""
         exponent = max(attempts - 1, 0)

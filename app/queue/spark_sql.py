@@ -196,38 +196,6 @@ SELECT id, processor_id, queue, epoch, job_ids, lease_token, delivery_hash, outp
 FROM outboxq_spark_snapshots WHERE id = %(id)s
 """
 
-# Failed jobs of a snapshot, each with its own error, fenced by the lease: back to `retrying` after the
-# exponential backoff (with jitter), or `dead` when out of attempts; the error goes to the job's history
-# and the queue is marked as failing, as the worker's job_fail does.
-spark_jobs_fail = """
-WITH failed AS (
-    UPDATE outboxq_jobs j
-    SET status = CASE WHEN j.max_attempts <> 0 AND j.attempts >= j.max_attempts THEN 'dead' ELSE 'retrying' END,
-        run_at = CASE WHEN j.max_attempts <> 0 AND j.attempts >= j.max_attempts THEN j.run_at
-                      ELSE now() + least(%(backoff_max)s::float8,
-                                         %(backoff_base)s::float8 * power(2, least(greatest(j.attempts - 1, 0), 62)))
-                                   * (1 + %(jitter)s::float8 * (2 * random() - 1)) * interval '1 second' END,
-        finished_at = CASE WHEN j.max_attempts <> 0 AND j.attempts >= j.max_attempts THEN now() END,
-        last_error = f.error, last_traceback = %(traceback)s,
-        lease_token = NULL, lease_expires_at = NULL
-    FROM unnest(%(ids)s::bigint[], %(errors)s::text[]) AS f(id, error)
-    WHERE j.id = f.id AND j.lease_token = %(lease_token)s AND j.status = 'running'
-    RETURNING j.id, j.queue, j.attempts, j.status, j.last_error
-),
-history AS (
-    INSERT INTO outboxq_job_errors (job_id, attempt, error, traceback)
-    SELECT id, attempts, last_error, %(traceback)s FROM failed
-),
-queue_failing AS (
-    INSERT INTO outboxq_queues (queue, failing_since, consecutive_failures)
-    SELECT DISTINCT queue, now(), 1 FROM failed
-    ON CONFLICT (queue) DO UPDATE
-    SET failing_since = coalesce(outboxq_queues.failing_since, now()),
-        consecutive_failures = outboxq_queues.consecutive_failures + 1
-)
-SELECT id, status FROM failed
-"""
-
 # A handled error, Cues-style: the bad job's payload and error go to the error queue (in the delivery's
 # transaction), and the job itself is dead at once: a malformed payload does not fix itself by retrying.
 spark_error_queue_insert = """
@@ -238,21 +206,6 @@ SELECT %(error_queue)s, 'queued',
 FROM unnest(%(ids)s::bigint[], %(errors)s::text[]) AS f(id, error)
 JOIN outboxq_jobs j ON j.id = f.id AND j.lease_token = %(lease_token)s AND j.status = 'running'
 RETURNING id
-"""
-
-spark_jobs_mark_dead = """
-WITH dead AS (
-    UPDATE outboxq_jobs j
-    SET status = 'dead', finished_at = now(), last_error = f.error, last_traceback = NULL,
-        lease_token = NULL, lease_expires_at = NULL
-    FROM unnest(%(ids)s::bigint[], %(errors)s::text[]) AS f(id, error)
-    WHERE j.id = f.id AND j.lease_token = %(lease_token)s AND j.status = 'running'
-    RETURNING j.id, j.attempts, j.last_error
-),
-history AS (
-    INSERT INTO outboxq_job_errors (job_id, attempt, error) SELECT id, attempts, last_error FROM dead
-)
-SELECT id FROM dead
 """
 
 # ---------------------------------------------------------------- output tables (in the results schema)

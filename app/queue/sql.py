@@ -215,29 +215,38 @@ UNION ALL
 SELECT NULL FROM (SELECT DISTINCT queue FROM released) AS q, pg_notify('{NOTIFY_CHANNEL}', q.queue)
 """
 
-# A failed attempt, fenced: back to `retrying` after `delay` seconds, or `dead`. The error is kept in the
-# job's history and the queue is marked as failing (the per-queue backoff).
-job_fail = """
-WITH failed AS (
-    UPDATE outboxq_jobs
-    SET status = CASE WHEN %(dead)s THEN 'dead' ELSE 'retrying' END,
-        run_at = CASE WHEN %(dead)s THEN run_at ELSE now() + %(delay)s::float8 * interval '1 second' END,
-        finished_at = CASE WHEN %(dead)s THEN now() END,
-        last_error = %(error)s, last_traceback = %(traceback)s,
+# Fail jobs, each fenced by its own lease token, with the fate its retry policy decided in Python
+# (RetryPolicy.decide: 'retrying' after `delays` seconds, or 'dead'); each error goes to its job's history.
+# The queue is marked failing (one consecutive failure per job) unless mark_failing is false: a handled
+# error moved to an error queue says nothing about the downstream. Workers and Spark (a delivery's failed
+# jobs, a failed batch, jobs moved to an error queue) all fail jobs through this one statement.
+job_fail_batch = """
+WITH decided AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(lease_tokens)s::uuid[], %(statuses)s::text[],
+                         %(delays)s::float8[], %(errors)s::text[], %(tracebacks)s::text[])
+           AS d(id, lease_token, status, delay, error, traceback)
+),
+failed AS (
+    UPDATE outboxq_jobs j
+    SET status = d.status,
+        run_at = CASE WHEN d.status = 'retrying' THEN now() + d.delay * interval '1 second' ELSE j.run_at END,
+        finished_at = CASE WHEN d.status = 'dead' THEN now() END,
+        last_error = d.error, last_traceback = d.traceback,
         lease_token = NULL, lease_expires_at = NULL
-    WHERE id = %(id)s AND lease_token = %(lease_token)s AND status = 'running'
-    RETURNING id, queue, attempts, status
+    FROM decided d
+    WHERE j.id = d.id AND j.lease_token = d.lease_token AND j.status = 'running'
+    RETURNING j.id, j.queue, j.attempts, j.status, d.error, d.traceback
 ),
 history AS (
     INSERT INTO outboxq_job_errors (job_id, attempt, error, traceback)
-    SELECT id, attempts, %(error)s, %(traceback)s FROM failed
+    SELECT id, attempts, error, traceback FROM failed
 ),
 queue_failing AS (
     INSERT INTO outboxq_queues (queue, failing_since, consecutive_failures)
-    SELECT queue, now(), 1 FROM failed
+    SELECT queue, now(), count(*) FROM failed WHERE %(mark_failing)s GROUP BY queue
     ON CONFLICT (queue) DO UPDATE
     SET failing_since = coalesce(outboxq_queues.failing_since, now()),
-        consecutive_failures = outboxq_queues.consecutive_failures + 1
+        consecutive_failures = outboxq_queues.consecutive_failures + EXCLUDED.consecutive_failures
 )
 SELECT id, status FROM failed
 """

@@ -41,15 +41,11 @@ def run_once(conn: Any, *, now: datetime | None = None, limit: int = BATCH_LIMIT
         decided: dict[str, list[Any]] = {"ids": [], "statuses": [], "delays": [], "errors": []}
         for job in expired:
             policy = policy_of(job["queue"])
-            if job["cancel_requested"]:
-                status = "cancelled"
-            elif policy.is_exhausted(job["attempts"], job["max_attempts"]):
-                status = "dead"
-            else:
-                status = "retrying"
+            status, delay = (("cancelled", 0.0) if job["cancel_requested"]
+                             else policy.decide(job["attempts"], job["max_attempts"]))
             decided["ids"].append(job["id"])
             decided["statuses"].append(status)
-            decided["delays"].append(policy.delay(job["attempts"]) if status == "retrying" else 0.0)
+            decided["delays"].append(delay)
             decided["errors"].append(f"lease expired: worker {job['worker_id'] or '?'} stopped renewing it")
         rescued = cur.execute(sql.job_rescue_apply, {**decided, "now": now}).fetchall()
     conn.commit()
