@@ -9,6 +9,8 @@ run at once; each claims its own snapshots, and adopts those whose driver stoppe
 
 from __future__ import annotations
 
+from outboxq.queue import sql as job_sql
+
 # ---------------------------------------------------------------- drivers and their fencing epoch
 
 # A driver without an id of its own takes the first free slot of its processor: a session lock, released by
@@ -55,14 +57,7 @@ WITH picked AS (
     FOR UPDATE SKIP LOCKED
 )
 UPDATE outboxq_jobs j
-SET status = 'running',
-    attempts = j.attempts + 1,
-    max_attempts = coalesce(j.max_attempts, %(default_max_attempts)s),
-    lease_token = %(lease_token)s,
-    lease_expires_at = now() + %(lease_s)s::float8 * interval '1 second',
-    worker_id = %(worker_id)s,
-    started_at = coalesce(j.started_at, now()),
-    attempt_started_at = now()
+{job_sql.CLAIM_SET}
 WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
 RETURNING j.id, j.queue, j.attempts, j.max_attempts, {_ROW_JSON}
 """
@@ -141,10 +136,9 @@ ORDER BY j.id
 """
 
 # The jobs of a snapshot that cannot be delivered any more go back to the queue; their attempt is undone.
-spark_jobs_release = """
+spark_jobs_release = f"""
 UPDATE outboxq_jobs j
-SET status = CASE WHEN j.attempts > 1 THEN 'retrying' ELSE 'queued' END,
-    attempts = j.attempts - 1, lease_token = NULL, lease_expires_at = NULL, run_at = now()
+{job_sql.RELEASE_SET}
 WHERE j.id = ANY(%(ids)s::bigint[]) AND j.lease_token = %(lease_token)s AND j.status = 'running'
 RETURNING j.id
 """

@@ -118,13 +118,32 @@ SELECT %(job_id)s, unnest(%(depends_on_ids)s::bigint[])
 
 job_get = f"SELECT {JOB_COLUMNS} FROM outboxq_jobs WHERE id = %(id)s"
 
+# ---------------------------------------------------------------- fragments shared by several statements
+
+# What every claim sets on a job it takes (workers' batch and by-id claims, flow control's claims through
+# job_claim_batch, Spark's snapshot claim): running, one more attempt, a lease under the claimer's token.
+CLAIM_SET = """SET status = 'running',
+    attempts = j.attempts + 1,
+    max_attempts = coalesce(j.max_attempts, %(default_max_attempts)s),
+    lease_token = %(lease_token)s,
+    lease_expires_at = now() + %(lease_s)s::float8 * interval '1 second',
+    worker_id = %(worker_id)s,
+    started_at = coalesce(j.started_at, now()),
+    attempt_started_at = now()"""
+
+# What a release sets: a claimed job that was never worked on goes back to the queue, its attempt undone
+# (a stopping worker's unstarted jobs, a Spark snapshot that cannot be delivered any more).
+RELEASE_SET = """SET status = CASE WHEN j.attempts > 1 THEN 'retrying' ELSE 'queued' END,
+    attempts = j.attempts - 1, lease_token = NULL, lease_expires_at = NULL, run_at = now()"""
+
+
 # ---------------------------------------------------------------- claim, complete, fail (the hot path)
 
 # One statement: read the queue's state (paused, failing), lock fresh jobs with SKIP LOCKED, and while the
 # queue is failing take at most one retrying job (and none while another retry is in flight), so that a
 # downstream that is down sees one probe at a time instead of every retry at once. The picked ids go to the
 # UPDATE as an array: a join would let the planner hash-join a sequential scan of the whole table.
-job_claim_batch = """
+job_claim_batch = f"""
 WITH queue_state AS (
     SELECT coalesce(bool_or(paused), false) AS paused,
            coalesce(bool_or(failing_since IS NOT NULL), false) AS failing
@@ -151,30 +170,16 @@ retry AS (
     FOR UPDATE SKIP LOCKED
 )
 UPDATE outboxq_jobs j
-SET status = 'running',
-    attempts = j.attempts + 1,
-    max_attempts = coalesce(j.max_attempts, %(default_max_attempts)s),
-    lease_token = %(lease_token)s,
-    lease_expires_at = now() + %(lease_s)s::float8 * interval '1 second',
-    worker_id = %(worker_id)s,
-    started_at = coalesce(j.started_at, now()),
-    attempt_started_at = now()
+{CLAIM_SET}
 WHERE j.id = ANY(ARRAY(SELECT id FROM fresh UNION ALL SELECT id FROM retry))
 RETURNING j.id, j.queue, j.key, j.payload, j.payload_bytes, j.attempts, j.max_attempts, j.context,
           j.priority, j.run_at, (SELECT failing FROM queue_state) AS queue_failing
 """
 
 # Claim one given job (test helpers run a chosen job deterministically); same columns as job_claim_batch.
-job_claim_by_id = """
+job_claim_by_id = f"""
 UPDATE outboxq_jobs j
-SET status = 'running',
-    attempts = j.attempts + 1,
-    max_attempts = coalesce(j.max_attempts, %(default_max_attempts)s),
-    lease_token = %(lease_token)s,
-    lease_expires_at = now() + %(lease_s)s::float8 * interval '1 second',
-    worker_id = %(worker_id)s,
-    started_at = coalesce(j.started_at, now()),
-    attempt_started_at = now()
+{CLAIM_SET}
 WHERE j.id = %(id)s AND j.queue = %(queue)s AND j.status IN ('queued', 'retrying') AND %(limit)s > 0
 RETURNING j.id, j.queue, j.key, j.payload, j.payload_bytes, j.attempts, j.max_attempts, j.context,
           j.priority, j.run_at,
@@ -295,10 +300,9 @@ RETURNING id
 """
 
 # On shutdown: jobs claimed but never started go straight back to the queue (their attempt is undone).
-job_release_unstarted = """
+job_release_unstarted = f"""
 UPDATE outboxq_jobs j
-SET status = CASE WHEN j.attempts > 1 THEN 'retrying' ELSE 'queued' END,
-    attempts = j.attempts - 1, lease_token = NULL, lease_expires_at = NULL, run_at = now()
+{RELEASE_SET}
 FROM unnest(%(ids)s::bigint[], %(lease_tokens)s::uuid[]) AS r(id, lease_token)
 WHERE j.id = r.id AND j.lease_token = r.lease_token AND j.status = 'running'
 RETURNING j.id
