@@ -38,7 +38,7 @@ def claim_running(url: str, queue: str, limit_keys: list[str]) -> None:
         limits.declare(conn, consumer.limits)
         conn.commit()
     worker = Worker([consumer], url=url, run_maintenance=False, listen=False)
-    with worker._connect() as conn:
+    with worker.connect() as conn:
         assert len(worker.claim(conn, consumer, len(limit_keys))) == len(limit_keys)
 
 

@@ -83,16 +83,19 @@ def test_changing_limits_needs_the_admin_scope(db_url):
 
 
 class _RecordingWorker(Worker):
-    """A worker that records what each of its limited claims returned."""
+    """A worker that records what each of its dispatcher's limited claims returned."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.limited_claims: list[int] = []
+        claim_limited = self.dispatcher.claim_limited
 
-    def claim_limited(self, conn, consumer, limits, limit):
-        jobs = super().claim_limited(conn, consumer, limits, limit)
-        self.limited_claims.append(len(jobs))
-        return jobs
+        def recording(conn, consumer, limits, limit):
+            jobs = claim_limited(conn, consumer, limits, limit)
+            self.limited_claims.append(len(jobs))
+            return jobs
+
+        self.dispatcher.claim_limited = recording
 
 
 def test_a_limit_set_through_the_api_takes_effect_on_a_running_worker(api, db_url):
@@ -143,8 +146,8 @@ def test_limits_set_at_run_time_survive_a_worker_restart_that_declares_others(ap
     worker = Worker([Consumer("api-restart", lambda payload: None, global_concurrency=50, rate_limit="5/s")],
                     url=db_url, poll_interval=0.05, run_maintenance=False, listen=False).start()
     try:
-        wait_for(lambda: "api-restart" in worker._limits)
-        assert (worker._limits["api-restart"].global_concurrency, worker._limits["api-restart"].rate_limit) == (3, None)
+        wait_for(lambda: "api-restart" in worker.state.limits)
+        assert (worker.state.limits["api-restart"].global_concurrency, worker.state.limits["api-restart"].rate_limit) == (3, None)
     finally:
         worker.stop(timeout=5)
     assert api.get("/v1/queues/api-restart/limits").json()["source"] == "operator"
@@ -153,7 +156,7 @@ def test_limits_set_at_run_time_survive_a_worker_restart_that_declares_others(ap
     worker = Worker([Consumer("api-restart", lambda payload: None, global_concurrency=50, rate_limit="5/s")],
                     url=db_url, poll_interval=0.05, run_maintenance=False, listen=False).start()
     try:
-        wait_for(lambda: "api-restart" in worker._limits)
+        wait_for(lambda: "api-restart" in worker.state.limits)
     finally:
         worker.stop(timeout=5)
     declared = api.get("/v1/queues/api-restart/limits").json()

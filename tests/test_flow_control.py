@@ -223,19 +223,22 @@ def test_limit_key_given_to_enqueue_overrides_limit_by_and_bad_limits_are_refuse
 def test_a_queue_without_limits_claims_with_the_unlimited_statement(db_url):
     claimed_with = []
 
-    class Recording(Worker):
-        def claim(self, conn, consumer, limit, statement=None, **kw):
-            claimed_with.append(statement)
-            return super().claim(conn, consumer, limit, **({"statement": statement} if statement else {}), **kw)
-
     with psycopg.connect(db_url) as conn:
         enqueue_many(conn, "plain", [{} for _ in range(5)])
         conn.commit()
-    worker = Recording([Consumer("plain", lambda p: None)], url=db_url, poll_interval=0.05,
-                       run_maintenance=False, listen=False).start()
+    worker = Worker([Consumer("plain", lambda p: None)], url=db_url, poll_interval=0.05,
+                    run_maintenance=False, listen=False)
+    claim = worker.dispatcher.claim
+
+    def recording(conn, consumer, limit, statement=None, **kw):
+        claimed_with.append(statement)
+        return claim(conn, consumer, limit, **({"statement": statement} if statement else {}), **kw)
+
+    worker.dispatcher.claim = recording
+    worker.start()
     try:
         wait_for(lambda: _all_done(db_url, "plain", 5))
     finally:
         worker.stop(timeout=5)
     assert claimed_with and set(claimed_with) == {None}
-    assert worker._limits == {}
+    assert worker.state.limits == {}

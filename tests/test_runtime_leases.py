@@ -230,12 +230,12 @@ def test_zombie_worker_cannot_fail_or_renew_a_rescued_job_and_logs_that_it_was_f
         assert zombie.stats["fenced"] == 1 and zombie.stats["failed"] == 0
 
         # Its heartbeat (as if the handler were still running) renews nothing and fences the handler.
-        with zombie._lock:
-            zombie._in_flight[zombie_job.id] = zombie_job
+        with zombie.state.lock:
+            zombie.state.in_flight[zombie_job.id] = zombie_job
         zombie_job.finished = False
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="outboxq.worker"):
-            zombie._heartbeat(conn)
+            zombie.heartbeat.renew(conn)
         assert zombie_job.ctx.fenced and zombie_job.ctx.cancelled
         assert any("lease lost (fenced)" in r.getMessage() and r.job_id == zombie_job.id for r in caplog.records)
         lease = conn.execute("SELECT lease_token, worker_id FROM outboxq_jobs WHERE id = %s",

@@ -41,7 +41,7 @@ def test_idle_worker_with_long_poll_interval_starts_a_new_job_within_a_second_th
     consumer = Consumer("wake", lambda p, ctx: started.setdefault(p["i"], time.monotonic()))
     worker = Worker([consumer], url=db_url, poll_interval=30.0).start()
     try:
-        assert worker._listener.ready.wait(5)
+        assert worker.listener.ready.wait(5)
         time.sleep(0.2)  # the start-up claim found nothing: the dispatcher now sleeps up to 30 s
         latencies = _measure_latencies(db_url, worker, started, 10)
     finally:
@@ -60,7 +60,7 @@ def test_worker_still_finds_jobs_by_polling_when_notifications_are_lost(db_url):
     consumer = Consumer("lost", lambda p, ctx: started.setdefault(p["i"], time.monotonic()))
     worker = Worker([consumer], url=db_url, poll_interval=0.5).start()
     try:
-        assert worker._listener.ready.wait(5)
+        assert worker.listener.ready.wait(5)
         latencies = _measure_latencies(db_url, worker, started, 4)
     finally:
         worker.stop(timeout=5)

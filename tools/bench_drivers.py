@@ -298,8 +298,8 @@ def outboxq_latency_worker(spec: dict[str, Any]) -> dict[str, Any]:
 
     worker = outboxq_worker(spec, record)
     worker.start()
-    if worker._listener is not None:
-        worker._listener.ready.wait(10)
+    if worker.listener is not None:
+        worker.listener.ready.wait(10)
     time.sleep(0.3)  # let the start-up claims find nothing and the dispatcher go idle
     emit("ready", rss_kb=rss_kb())
     control().wait("stop")

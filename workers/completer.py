@@ -1,0 +1,163 @@
+"""The completer: writes handlers' outcomes in batches, in one transaction each: one statement completes every
+finished job at once, one fails every failed one (each with the fate its retry policy decided), all fenced by
+their lease tokens; freed slots of concurrency-bound queues are refilled in the same transaction."""
+
+from __future__ import annotations
+
+import logging
+import queue as queue_module
+import time
+from collections.abc import Callable
+
+import psycopg
+
+from outboxq.queue import sql
+from outboxq.workers.executor import Outcome
+from outboxq.workers.state import RECONNECT_DELAY_S, WorkerState
+
+log = logging.getLogger("outboxq.worker")
+
+
+class Completer:
+    """Writes outcomes back (its own thread and connection)."""
+
+    def __init__(self, state: WorkerState, claim_into_freed_slots: Callable[[psycopg.Connection, list[Outcome]], set[str]]):
+        self.state = state
+        self.claim_into_freed_slots = claim_into_freed_slots  # the dispatcher's, run in the completer's transaction
+
+    def loop(self) -> None:
+        """Write outcomes until the worker has finished and every outcome is written."""
+        s = self.state
+        conn: psycopg.Connection | None = None
+        pending: list[Outcome] = []
+        give_up_at: float | None = None
+        while True:
+            try:
+                item = s.outcomes.get(timeout=0.2)
+            except queue_module.Empty:
+                item = None
+            if item is not None:
+                pending.append(item)
+            while True:  # take everything that is ready: one write for all of it
+                try:
+                    more = s.outcomes.get_nowait()
+                except queue_module.Empty:
+                    break
+                if more is not None:
+                    pending.append(more)
+            if pending:
+                try:
+                    if conn is None or conn.closed:
+                        conn = s.connect()
+                    self.write(conn, pending)
+                    s.metrics.jobs_finished(pending)
+                    pending = []
+                except psycopg.Error as exc:
+                    log.warning("completer: database error (%s); retrying", exc)
+                    if conn is not None:
+                        conn.close()
+                    conn = None
+                    if s.finished.is_set():
+                        # Shutting down with the database away: give up after a while; the leases will
+                        # expire and the jobs be rescued.
+                        give_up_at = give_up_at or time.monotonic() + 5.0
+                        if time.monotonic() > give_up_at:
+                            break
+                    time.sleep(RECONNECT_DELAY_S)
+                    continue
+            if s.finished.is_set() and not pending and s.outcomes.empty():
+                break
+        if conn is not None:
+            conn.close()
+
+    def write(self, conn: psycopg.Connection, outcomes: list[Outcome]) -> None:
+        """Write every outcome in one transaction: one statement completes all the successes."""
+        s = self.state
+        to_complete = [o for o in outcomes if o.succeeded and not o.completed_in_transaction and not o.fenced]
+        completed_ids: set[int] = set()
+        with_results = [o for o in outcomes if o.succeeded and not o.fenced and o.result_json is not None]
+        if with_results:
+            conn.execute(sql.job_store_results, {
+                "ids": [o.job.id for o in with_results],
+                "lease_tokens": [None if o.completed_in_transaction else o.job.lease_token for o in with_results],
+                "results": [o.result_json for o in with_results],
+            })
+        if to_complete:
+            rows = conn.execute(sql.job_complete_batch, {
+                "ids": [o.job.id for o in to_complete],
+                "lease_tokens": [o.job.lease_token for o in to_complete],
+            }).fetchall()
+            completed_ids = {r["id"] for r in rows if r["id"] is not None}
+        failed_writes = []
+        to_fail: list[Outcome] = []
+        for o in outcomes:
+            if o.fenced or o.succeeded:
+                continue
+            if o.cancelled:
+                failed_writes.append((o, conn.execute(sql.job_finish_cancelled, {
+                    "id": o.job.id, "lease_token": o.job.lease_token}).fetchone()))
+                continue
+            if o.snooze_s is not None:
+                failed_writes.append((o, conn.execute(sql.job_snooze, {
+                    "id": o.job.id, "lease_token": o.job.lease_token, "delay": o.snooze_s,
+                    "error": o.error}).fetchone()))
+                continue
+            to_fail.append(o)
+        if to_fail:
+            decisions = [o.job.consumer.retry_policy(s.settings).decide(o.job.attempts, o.job.max_attempts)
+                         for o in to_fail]
+            rows = {r["id"]: r for r in conn.execute(sql.job_fail_batch, {
+                "ids": [o.job.id for o in to_fail], "lease_tokens": [o.job.lease_token for o in to_fail],
+                "statuses": [status for status, _ in decisions], "delays": [delay for _, delay in decisions],
+                "errors": [o.error or "failed" for o in to_fail], "tracebacks": [o.traceback for o in to_fail],
+                "mark_failing": True,
+            }).fetchall()}
+            failed_writes += [(o, rows.get(o.job.id)) for o in to_fail]
+        succeeded_queues = {o.job.queue for o in outcomes if o.succeeded and not o.fenced}
+        for queue_name in succeeded_queues & s.failing_queues:
+            conn.execute(sql.queue_mark_healthy, {"queue": queue_name})
+        refilled = self.claim_into_freed_slots(conn, outcomes)  # flow control: commits with the outcomes
+        conn.commit()
+        s.failing_queues -= succeeded_queues
+
+        for o in to_complete:
+            if o.job.id in completed_ids:
+                s.stats["completed"] += 1
+            else:
+                self._log_fenced(o, "completion")
+        for o, row in failed_writes:
+            if row is None:
+                self._log_fenced(o, "cancel" if o.cancelled else "failure")
+            elif o.cancelled:
+                s.stats["cancelled"] += 1
+            elif o.snooze_s is not None:
+                o.job.ctx.log.info("job %s snoozed for %g s", o.job.id, o.snooze_s)
+            else:
+                s.stats["failed"] += 1
+                o.job.ctx.log.warning("job %s attempt %d failed (%s): now %s", o.job.id, o.job.attempts,
+                                      o.error, row["status"])
+        for o in outcomes:
+            if o.fenced:
+                self._log_fenced(o, "effects")
+            elif o.completed_in_transaction:
+                s.stats["completed"] += 1
+        with s.lock:
+            for o in outcomes:
+                s.in_flight.pop(o.job.id, None)
+        freed = {o.job.queue for o in outcomes} & s.limits.keys()
+        for queue_name in freed:
+            durations = [o.duration_s for o in outcomes if o.job.queue == queue_name]
+            mean, before = sum(durations) / len(durations), s.job_seconds.get(queue_name)
+            s.job_seconds[queue_name] = mean if before is None else 0.7 * before + 0.3 * mean
+        freed -= refilled  # (the slots refilled above need no claim from the dispatcher)
+        if freed:
+            s.slots_freed += 1
+        for queue_name in freed:
+            s.idle_until[queue_name] = 0.0  # a slot of a limited queue is free: claim again now
+        s.wake.set()
+
+    def _log_fenced(self, outcome: Outcome, what: str) -> None:
+        s = self.state
+        s.stats["fenced"] += 1
+        (outcome.job.ctx.log if outcome.job.ctx is not None else log).warning("job %s: %s refused, this worker was fenced (its lease %s was taken away)",
+                    outcome.job.id, what, outcome.job.lease_token)

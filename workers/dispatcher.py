@@ -1,0 +1,224 @@
+"""The dispatcher: claims batches per queue while there is room (SKIP LOCKED, a fresh lease token per claim),
+within the queues' limits, and sleeps until notified, a poll is due, or a slot of a limited queue frees up."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any
+
+import psycopg
+
+from outboxq.queue import limits as flow_limits
+from outboxq.queue import limits_sql, sql
+from outboxq.workers.context import JobContext
+from outboxq.workers.executor import ClaimedJob, Outcome
+from outboxq.workers.registry import Consumer
+from outboxq.workers.state import RECONNECT_DELAY_S, WorkerState
+
+log = logging.getLogger("outboxq.worker")
+
+# A limited queue whose claim came back short is claimed again after this (its slots free up as other
+# workers' jobs finish, and its rate window slides), rather than after the poll interval.
+LIMITED_RECHECK_S = 0.05
+
+
+class Dispatcher:
+    """Claims jobs for the handler threads (its own thread and connection)."""
+
+    def __init__(self, state: WorkerState):
+        self.state = state
+        self._limits_read_at: float | None = None
+        self._limit_cursor: dict[str, str] = {}  # per-key queues: where the round robin resumes
+
+    def loop(self) -> None:
+        """Claim until the worker stops."""
+        s = self.state
+        conn: psycopg.Connection | None = None
+        while not s.stopping.is_set():
+            try:
+                if conn is None or conn.closed:
+                    conn = s.connect()
+                claimed_any_full = False
+                now = time.monotonic()
+                if self._limits_read_at is None or now - self._limits_read_at >= flow_limits.LIMITS_REFRESH_S:
+                    self.read_limits(conn)
+                for queue_name, consumer in s.consumers.items():
+                    if s.stopping.is_set() or s.idle_until[queue_name] > now:
+                        continue
+                    room = self._room()
+                    if room <= 0:
+                        break
+                    limits = s.limits.get(queue_name)
+                    slots_freed = s.slots_freed
+                    if limits is None:  # no limit: today's claim, nothing more
+                        wanted = min(room, s.batch_size)
+                        jobs = self.claim(conn, consumer, wanted)
+                    else:
+                        wanted = min(self._limited_room(limits, room), s.batch_size)
+                        if wanted <= 0:
+                            continue  # every handler is busy: a completion wakes the dispatcher
+                        jobs = self.claim_limited(conn, consumer, limits, wanted)
+                    for job in jobs:
+                        s.work.put(job)
+                    if len(jobs) < wanted and not (limits is not None and s.slots_freed != slots_freed):
+                        # (A limited queue whose slot freed while it was being claimed is claimed again at once:
+                        # the completer's wake-up came before this claim's short answer.)
+                        s.idle_until[queue_name] = time.monotonic() + (
+                            s.poll_interval if limits is None else min(s.poll_interval, LIMITED_RECHECK_S))
+                    else:
+                        claimed_any_full = True
+                if claimed_any_full and self._room() > 0:
+                    continue
+                next_due = min(s.idle_until.values()) - time.monotonic()
+                s.wake.wait(timeout=max(0.001, min(s.poll_interval, next_due)) if next_due > 0 else 0.05)
+                s.wake.clear()
+            except psycopg.Error as exc:
+                log.warning("dispatcher: database error (%s); reconnecting", exc)
+                if conn is not None:
+                    conn.close()
+                conn = None
+                s.stopping.wait(RECONNECT_DELAY_S)
+        if conn is not None:
+            conn.close()
+
+    def _room(self) -> int:
+        s = self.state
+        with s.lock:
+            in_flight, buffered = len(s.in_flight), s.buffered
+        # Claim again only while the handlers risk running dry (a quarter batch left unstarted): fast jobs get
+        # the next batch while the last one is being completed; slow jobs are not hoarded by one worker.
+        if buffered >= max(s.concurrency, s.batch_size // 4):
+            return 0
+        return s.max_in_flight - in_flight
+
+    # ------------------------------------------------------------------ flow control (outboxq.queue.limits)
+
+    def read_limits(self, conn: psycopg.Connection) -> None:
+        """Declare this worker's consumers' limits (at start), then read the limits of its queues."""
+        s = self.state
+        if self._limits_read_at is None:
+            for consumer in s.consumers.values():
+                flow_limits.declare(conn, consumer.limits)
+        s.limits = {q: lim for q, lim in flow_limits.load(conn).items() if q in s.consumers and lim.limited}
+        conn.commit()
+        self._limits_read_at = time.monotonic()
+
+    def _limited_room(self, limits: flow_limits.QueueLimits, room: int) -> int:
+        """How many jobs of a limited queue to claim. Where the limit can bind (a rate limit, a concurrency,
+        global or per key, below what this worker may hold), only as many as there are idle handlers: a job
+        claimed is a job started, so the starts stay within the rate limit and no worker holds slots it cannot
+        use."""
+        s = self.state
+        # A concurrency limit (global, or per key) at least what this worker may hold cannot be made to bind by
+        # this worker's buffer: claim full batches, as an unlimited queue does (the claim still caps each key).
+        if limits.rate_limit_count is None and (limits.global_concurrency is None
+                                                or limits.global_concurrency >= s.max_in_flight):
+            if not limits.per_key:
+                return room
+            # Per key: what this worker holds runs before the job of a key that arrives later, so it holds only
+            # a short time's work (outboxq.queue.limits.fair_hold), measured from its handlers' run times.
+            hold = flow_limits.fair_hold(s.concurrency, s.job_seconds.get(limits.queue), s.max_in_flight)
+            with s.lock:
+                return min(room, hold - len(s.in_flight))
+        with s.lock:
+            return min(room, s.concurrency - len(s.in_flight))
+
+    def claim_into_freed_slots(self, conn: psycopg.Connection, outcomes: list[Outcome]) -> set[str]:
+        """Refill the slots of concurrency-bound queues whose jobs just ended, in the transaction that frees them
+        (the completer calls this): one commit and one hand-off to the dispatcher fewer between a job's end and
+        the next one's start. Returns the queues whose freed slots were all refilled."""
+        s = self.state
+        refilled: set[str] = set()
+        if not s.limits or s.stopping.is_set():
+            return refilled
+        for queue_name, limits in s.limits.items():
+            if (limits.rate_limit_count is not None or limits.per_key or limits.global_concurrency is None
+                    or limits.global_concurrency >= s.max_in_flight):
+                continue  # rate limits and per-key rounds stay with the dispatcher
+            ended = sum(1 for o in outcomes if o.job.queue == queue_name)
+            with s.lock:  # the outcomes' jobs still count in in_flight until written
+                idle = s.concurrency - (len(s.in_flight) - len(outcomes))
+            wanted = min(ended, idle)
+            if wanted > 0:
+                jobs = self.claim_limited(conn, s.consumers[queue_name], limits, wanted)
+                for job in jobs:
+                    s.work.put(job)
+                if len(jobs) == wanted:
+                    refilled.add(queue_name)
+        return refilled
+
+    def claim_limited(self, conn: psycopg.Connection, consumer: Consumer, limits: flow_limits.QueueLimits,
+                      limit: int) -> list[ClaimedJob]:
+        """Claim up to `limit` jobs of a limited queue, within its limits (committed).
+
+        The claims of one limited queue take turns (an advisory lock until commit), each counting what runs
+        and what started under the previous one."""
+        rows: list[dict[str, Any]] = []
+        # One round trip for the lock and the claim (a pipeline); still two statements, two snapshots.
+        with conn.pipeline():
+            conn.execute(limits_sql.queue_limit_claim_lock, {"queue": consumer.queue})
+            if not limits.per_key:
+                return self.claim(conn, consumer, limit, statement=limits_sql.job_claim_limited)
+            after_key = self._limit_cursor.get(consumer.queue, "")
+            jobs = self.claim(conn, consumer, limit, statement=limits_sql.job_claim_limited_per_key,
+                              params={"after_key": after_key, "max_keys": flow_limits.key_budget(limit)},
+                              rows_out=rows)
+        if rows:  # the round robin resumes after the last key served
+            self._limit_cursor[consumer.queue] = max(rows, key=lambda r: r["limit_key_pos"])["limit_key"]
+            # Handlers take the batch in round-robin order too (every key's first job, then every key's second...):
+            # a key that just arrived does not wait behind another key's share of the batch.
+            turn = {r["id"]: (r["limit_key_turn"], r["limit_key_pos"]) for r in rows}
+            jobs.sort(key=lambda job: turn[job.id])
+        return jobs
+
+    def claim(self, conn: psycopg.Connection, consumer: Consumer, limit: int,
+              statement: str = sql.job_claim_batch, params: dict[str, Any] | None = None,
+              rows_out: list[dict[str, Any]] | None = None) -> list[ClaimedJob]:
+        """Claim up to `limit` jobs of the consumer's queue under a fresh lease token (committed)."""
+        s = self.state
+        lease_token = uuid.uuid4()
+        lease_s = consumer.effective_lease_s(s.settings)
+        policy = consumer.retry_policy(s.settings)
+        rows = conn.execute(
+            statement,
+            {
+                "queue": consumer.queue,
+                "limit": limit,
+                "lease_token": lease_token,
+                "lease_s": lease_s,
+                "worker_id": s.worker_id,
+                "default_max_attempts": policy.max_attempts,
+                **(params or {}),
+            },
+        ).fetchall()
+        conn.commit()
+        if rows_out is not None:
+            rows_out.extend(rows)
+        if not rows:
+            return []
+        if rows[0]["queue_failing"]:
+            s.failing_queues.add(consumer.queue)
+        # UPDATE ... RETURNING gives no order: hand jobs to the handlers in claim order (priority first).
+        rows.sort(key=lambda r: (r["priority"], r["run_at"], r["id"]))
+        jobs = []
+        for r in rows:
+            payload = r["payload"] if r["payload_bytes"] is None else bytes(r["payload_bytes"])
+            job = ClaimedJob(
+                id=r["id"], queue=r["queue"], key=r["key"], payload=payload, attempts=r["attempts"],
+                max_attempts=r["max_attempts"], lease_token=lease_token, context=r["context"],
+                consumer=consumer,
+            )
+            job.ctx = JobContext(
+                job_id=job.id, queue=job.queue, key=job.key, attempt=job.attempts,
+                max_attempts=job.max_attempts, lease_token=lease_token, consumer_id=consumer.id,
+                captured_context=job.context, connection_factory=s.thread_connection,
+            )
+            jobs.append(job)
+        with s.lock:
+            for job in jobs:
+                s.in_flight[job.id] = job
+            s.buffered += len(jobs)
+        s.stats["claimed"] += len(jobs)
+        return jobs

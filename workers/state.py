@@ -1,0 +1,86 @@
+"""What a worker's rooms share: its configuration, the jobs it holds, and the queues and events between rooms.
+
+Each room (dispatcher, handler threads, completer, heartbeat) owns its loop and its connection; what crosses
+from one room to another goes through this object, under its lock where a field is read and written by more
+than one thread.
+"""
+
+from __future__ import annotations
+
+import queue as queue_module
+import threading
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from outboxq.queue import limits as flow_limits
+from outboxq.settings import Settings
+from outboxq.workers.executor import AsyncLoop, ClaimedJob, Outcome
+from outboxq.workers.metrics import WorkerMetrics
+from outboxq.workers.registry import Consumer
+
+RECONNECT_DELAY_S = 0.5
+
+
+class WorkerState:
+    """A worker's configuration and the state its rooms share."""
+
+    def __init__(self, *, url: str, settings: Settings, consumers: dict[str, Consumer], worker_id: str,
+                 concurrency: int, batch_size: int, poll_interval: float):
+        self.url = url
+        self.settings = settings
+        self.consumers = consumers
+        self.worker_id = worker_id
+        self.concurrency = concurrency
+        self.batch_size = batch_size
+        # Two batches in flight: the next claim overlaps the completion of the previous batch.
+        self.max_in_flight = max(2 * batch_size, concurrency)
+        self.poll_interval = poll_interval
+
+        self.lock = threading.Lock()
+        # Guarded by `lock`: the jobs this worker holds the lease of, how many are claimed and not yet started,
+        # and sync handlers still running after their job was abandoned (timed out or cancelled: their stacks
+        # are still reported as stuck, their threads end when they return).
+        self.in_flight: dict[int, ClaimedJob] = {}
+        self.buffered = 0
+        self.abandoned: dict[int, ClaimedJob] = {}
+
+        self.work: queue_module.SimpleQueue[ClaimedJob | None] = queue_module.SimpleQueue()  # → handlers
+        self.outcomes: queue_module.SimpleQueue[Outcome | None] = queue_module.SimpleQueue()  # → completer
+        self.wake = threading.Event()  # the dispatcher: claim now
+        self.heartbeat_now = threading.Event()  # set on a cancel notice, and to stop the heartbeat
+        self.stopping = threading.Event()  # stop claiming
+        self.draining = threading.Event()  # handler threads hand back jobs they have not started
+        self.finished = threading.Event()  # the completer may exit once outcomes are written
+
+        self.idle_until: dict[str, float] = {q: 0.0 for q in consumers}  # per queue: claim again after
+        self.failing_queues: set[str] = set()
+        # Flow control: the limits of this worker's limited queues (the dispatcher re-reads them), how many
+        # completions of limited queues' jobs were written (the completer counts), and each limited queue's
+        # mean handler run time (a moving average).
+        self.limits: dict[str, flow_limits.QueueLimits] = {}
+        self.slots_freed = 0
+        self.job_seconds: dict[str, float] = {}
+
+        self.async_loop: AsyncLoop | None = None
+        self.metrics = WorkerMetrics()
+        self.stats = {"claimed": 0, "completed": 0, "failed": 0, "fenced": 0, "cancelled": 0}
+        self._local = threading.local()
+
+    def connect(self) -> psycopg.Connection[Any]:
+        """A new connection of the worker's (dict rows)."""
+        return psycopg.connect(self.url, row_factory=dict_row)
+
+    def thread_connection(self) -> psycopg.Connection[Any]:
+        """A connection owned by the calling handler thread (for ctx.transaction())."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None or conn.closed:
+            conn = psycopg.connect(self.url, autocommit=True, row_factory=dict_row)
+            self._local.conn = conn
+        return conn
+
+    def held(self) -> int:
+        """Jobs this worker holds the lease of (claimed and not yet written back)."""
+        with self.lock:
+            return len(self.in_flight)
