@@ -156,8 +156,10 @@ class Consumer:
         return self.epoch
 
     def close(self) -> None:
-        """Close the consumer's connection."""
+        """Give back the driver's slot and close the consumer's connection."""
         if self._conn is not None:
+            if self.config.driver_id is None and self.driver_id is not None and not self._conn.closed:
+                delivery.release_driver_slot(self._conn, self.driver_id, self.processor_id)
             self._conn.close()
             self._conn = None
 

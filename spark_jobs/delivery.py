@@ -131,6 +131,23 @@ def take_driver_slot(conn: psycopg.Connection, processor_id: str, *, max_slots: 
     raise InvalidInput(f"processor {processor_id!r} has {max_slots} drivers running already")
 
 
+def release_driver_slot(conn: psycopg.Connection, driver_id: str, processor_id: str) -> None:
+    """Give back the slot take_driver_slot() gave `driver_id` on `conn` (before closing it), so that a driver
+    restarted at once gets the same id back; an error is ignored (the slot goes when the connection does)."""
+    prefix = f"{processor_id}#"
+    if not driver_id.startswith(prefix) or not driver_id[len(prefix):].isdigit():
+        return  # an id of the caller's choosing holds no slot
+    try:
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            conn.rollback()
+        _execute(conn, spark_sql.spark_driver_release_slot,
+                 {"processor_id": processor_id, "slot": int(driver_id[len(prefix):])})
+        conn.commit()
+    except psycopg.Error as exc:
+        log.info("spark: could not release driver slot %s (%s); it is released when the connection ends",
+                 driver_id, exc)
+
+
 def register_driver(conn: psycopg.Connection, driver_id: str, processor_id: str) -> int:
     """Bump the driver's fencing epoch (committed) and return it; its older epochs are fenced from now on."""
     with conn.transaction():

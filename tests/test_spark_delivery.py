@@ -406,6 +406,18 @@ def test_drivers_without_an_id_take_distinct_slots_and_a_restarted_one_takes_its
     second.close()
 
 
+def test_a_driver_closed_and_restarted_at_once_always_gets_its_slot_back(db_url):
+    # A closed connection's backend releases its locks a moment after the close: close() gives the slot back
+    # itself, or a restart within that moment takes another id (and waits out its own snapshots' lease).
+    for epoch in range(1, 21):
+        driver = consumer(db_url, ENGINE)
+        driver.start()
+        try:
+            assert (driver.driver_id, driver.epoch) == ("totals#0", epoch)
+        finally:
+            driver.close()
+
+
 def test_three_drivers_of_one_processor_drain_a_queue_together_exactly_once(db_url):
     enqueue_orders(db_url, order_payloads(900))
     drivers = [consumer(db_url, ENGINE, batch_size=25) for _ in range(3)]

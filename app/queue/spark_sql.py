@@ -20,6 +20,13 @@ spark_driver_try_slot = """
 SELECT pg_try_advisory_lock(hashtext('outboxq_spark_driver:' || %(processor_id)s), %(slot)s) AS taken
 """
 
+# A driver that stops gives its slot back at once: a closed connection's backend releases its locks only
+# when it has exited, a moment later, and a driver restarted within that moment would take another slot
+# (another id) and wait out the lease of its predecessor's snapshots instead of adopting them.
+spark_driver_release_slot = """
+SELECT pg_advisory_unlock(hashtext('outboxq_spark_driver:' || %(processor_id)s), %(slot)s) AS released
+"""
+
 # Starting a driver bumps its epoch: every claim and delivery of an older epoch of the same driver id is
 # refused from now on (a restarted driver fences its predecessor; other drivers are not affected).
 spark_driver_bump_epoch = """
