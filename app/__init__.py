@@ -37,6 +37,7 @@ from outboxq.queue.enqueue import (
     get_job_async,
 )
 from outboxq.queue.jobs import Job, JobStatus
+from outboxq.registry import Registry, default_registry
 from outboxq.workers.context import JobContext
 from outboxq.workers.periodic import Schedule, periodic
 from outboxq.workers.registry import Consumer, consumer
@@ -62,12 +63,14 @@ __all__ = [
     "LeaseLost",
     "OutboxqError",
     "OutputTableMismatch",
+    "Registry",
     "Schedule",
     "SchemaOutOfDate",
     "Snooze",
     "UnknownDependency",
     "Worker",
     "consumer",
+    "default_registry",
     "enqueue",
     "enqueue_async",
     "enqueue_many",

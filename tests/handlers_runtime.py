@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 import threading
 import time
@@ -11,12 +10,9 @@ from contextvars import ContextVar
 import psycopg
 import pytest
 
+from outboxq.registry import default_registry
 from outboxq.workers import JobContext, consumer
-from outboxq.workers import registry as registry_module
 from tests.support import status_of, wait_for  # noqa: F401 - tests written against this module import them here
-
-# app.queue re-exports the enqueue function under the submodule's name.
-enqueue_module = importlib.import_module("outboxq.queue.enqueue")
 
 # A context variable captured at enqueue (configured by the context-propagation tests).
 request_id: ContextVar[str] = ContextVar("request_id")
@@ -64,10 +60,6 @@ def hang_on_first_attempt(payload: dict, ctx: JobContext) -> None:
 @pytest.fixture(autouse=True)
 def isolated_registry():
     """Consumers registered by a test (and their enqueue hooks) are forgotten after it."""
-    consumers = dict(registry_module._consumers)
-    hooks = dict(enqueue_module._payload_hooks)
+    saved = default_registry.copy()
     yield
-    registry_module._consumers.clear()
-    registry_module._consumers.update(consumers)
-    enqueue_module._payload_hooks.clear()
-    enqueue_module._payload_hooks.update(hooks)
+    default_registry.restore(saved)

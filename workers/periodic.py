@@ -19,6 +19,7 @@ from croniter import croniter
 
 from outboxq.errors import InvalidInput
 from outboxq.queue.enqueue import validate_queue_name
+from outboxq.registry import Registry, default_registry
 
 MISSED_POLICIES = ("latest", "skip", "all")
 # missed="all" after a long outage: at most this many of the newest missed slots are run.
@@ -79,16 +80,15 @@ def slot_key(name: str, slot: datetime) -> str:
     return f"periodic:{name}:{slot.astimezone(UTC).strftime('%Y-%m-%dT%H:%M:%SZ')}"
 
 
-_schedules: dict[str, Schedule] = {}
-
-
 def periodic(queue: str, *, cron: str | None = None, every: timedelta | None = None, payload: Any = None,
-             name: str | None = None, timezone: str = "UTC", missed: str = "latest") -> Schedule:
+             name: str | None = None, timezone: str = "UTC", missed: str = "latest",
+             registry: Registry | None = None) -> Schedule:
     """Enqueue a job on `queue` at each slot of `cron` or `every`, once per slot across every worker.
 
     Call it at import of a handler module, next to the queue's @consumer. `missed` says what happens to slots
     that passed while no worker ran: "latest" runs the most recent one once, "skip" none, "all" each (the
     newest MAX_CATCH_UP_SLOTS). The job's key is periodic:{name}:{slot in UTC}; `name` defaults to the queue.
+    The schedule goes to `registry` (outboxq.registry.default_registry unless given).
     """
     validate_queue_name(queue)
     name = queue if name is None else name
@@ -116,13 +116,13 @@ def periodic(queue: str, *, cron: str | None = None, every: timedelta | None = N
         raise InvalidInput(f"periodic {name!r}: the payload must be JSON ({exc})") from exc
     schedule = Schedule(name=name, queue=queue, cron=cron, every=every, payload=payload, timezone=timezone,
                         missed=missed)
-    _schedules[name] = schedule
+    (registry or default_registry).add_schedule(schedule)
     return schedule
 
 
 def all_schedules() -> list[Schedule]:
-    """Every schedule defined in this process."""
-    return list(_schedules.values())
+    """Every schedule of the default registry."""
+    return default_registry.schedules()
 
 
 def stored_schedules(conn: Any) -> list[dict[str, Any]]:

@@ -11,8 +11,9 @@ from typing import Any
 
 from outboxq.errors import InvalidInput
 from outboxq.queue.backoff import RetryPolicy
-from outboxq.queue.enqueue import PayloadHooks, register_payload_hooks, validate_queue_name
+from outboxq.queue.enqueue import validate_queue_name
 from outboxq.queue.limits import QueueLimits, declared_limits
+from outboxq.registry import Registry, default_registry
 from outboxq.settings import Settings, get_settings
 
 
@@ -86,11 +87,9 @@ class Consumer:
         return (settings or get_settings()).max_execute_s if self.max_execute_s is None else self.max_execute_s
 
 
-_consumers: dict[str, Consumer] = {}
-
-
-def register(c: Consumer) -> Consumer:
-    """Add a consumer (replacing any earlier one for the same queue) and its payload hooks for enqueue."""
+def register(c: Consumer, registry: Registry | None = None) -> Consumer:
+    """Check a consumer's options and add it (replacing any earlier one for the same queue), with its payload
+    hooks for enqueue, to `registry` (the default registry unless given)."""
     validate_queue_name(c.queue)
     if c.max_attempts is not None and c.max_attempts < 0:
         raise InvalidInput("max_attempts must be >= 0 (0 means retry forever)")
@@ -100,12 +99,12 @@ def register(c: Consumer) -> Consumer:
     if (c.encode is None) != (c.decode is None):
         raise InvalidInput(f"consumer of {c.queue!r}: give both encode and decode, or neither")
     c.limits  # noqa: B018 - validates the flow-control options now rather than at the worker's start
-    _consumers[c.queue] = c
-    register_payload_hooks(c.queue, PayloadHooks(c.encode, c.valid_payload, c.depends_on, limit_by=c.limit_by))
+    (registry or default_registry).add_consumer(c)
     return c
 
 
-def consumer(queue: str, **options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def consumer(queue: str, *, registry: Registry | None = None,
+             **options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: `@consumer("emails", max_attempts=25)` makes the function the handler of `emails`.
 
     The handler is `def handle(payload, ctx)` (or `async def`); returning is success, raising is a failed
@@ -113,23 +112,24 @@ def consumer(queue: str, **options: Any) -> Callable[[Callable[..., Any]], Calla
     idempotent_conflicts, valid_payload, encode/decode, depends_on, consumer_id; flow control:
     global_concurrency (at most N running across every worker), rate_limit ("N/s", "N/m", "N/h": at most N
     starts per period), limit_by (a payload field or a callable payload -> str: the limits apply per key).
+    The consumer goes to `registry` (outboxq.registry.default_registry unless given).
     """
 
     def decorate(handler: Callable[..., Any]) -> Callable[..., Any]:
-        register(Consumer(queue=queue, handler=handler, **options))
+        register(Consumer(queue=queue, handler=handler, **options), registry)
         return handler
 
     return decorate
 
 
 def get_consumer(queue: str) -> Consumer | None:
-    """The consumer registered for `queue` in this process, if any."""
-    return _consumers.get(queue)
+    """The consumer of `queue` in the default registry, if any."""
+    return default_registry.consumer(queue)
 
 
 def all_consumers() -> list[Consumer]:
-    """Every consumer registered in this process."""
-    return list(_consumers.values())
+    """Every consumer of the default registry."""
+    return default_registry.consumers()
 
 
 def load_handler_modules(modules: Iterable[str]) -> list[Consumer]:

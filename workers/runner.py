@@ -33,6 +33,7 @@ from outboxq.db import database_url, url_in_schema
 from outboxq.queue import limits as flow_limits
 from outboxq.queue import sql
 from outboxq.queue.schema import CANCEL_NOTICE
+from outboxq.registry import Registry, default_registry
 from outboxq.settings import Settings, get_settings
 from outboxq.workers.completer import Completer
 from outboxq.workers.dispatcher import Dispatcher
@@ -41,8 +42,8 @@ from outboxq.workers.handler_threads import HandlerThreads
 from outboxq.workers.heartbeat import Heartbeat
 from outboxq.workers.listener import Listener
 from outboxq.workers.maintenance.leader import Maintenance
-from outboxq.workers.periodic import Schedule, all_schedules
-from outboxq.workers.registry import Consumer, all_consumers
+from outboxq.workers.periodic import Schedule
+from outboxq.workers.registry import Consumer
 from outboxq.workers.scheduler import Scheduler
 from outboxq.workers.state import WorkerState
 
@@ -66,9 +67,13 @@ class Worker:
         listen: bool = True,
         metrics_port: int | None = None,
         schedules: Iterable[Schedule] | None = None,
+        registry: Registry | None = None,
     ):
         settings = settings or get_settings()
-        by_queue = {c.queue: c for c in (consumers if consumers is not None else all_consumers())}
+        # The consumers and schedules given, else those of the registry (the default one, which @consumer and
+        # periodic() fill); rescue follows the registry's consumers' retry policies.
+        self.registry = registry or default_registry
+        by_queue = {c.queue: c for c in (consumers if consumers is not None else self.registry.consumers())}
         if not by_queue:
             raise ValueError("a worker needs at least one consumer (@consumer) to run")
         self.state = WorkerState(
@@ -84,8 +89,7 @@ class Worker:
         self.run_maintenance = run_maintenance
         self.listen = listen
         self.metrics_port = metrics_port
-        # Periodic schedules: those given, else every one defined in this process (outboxq.periodic).
-        self.schedules = list(schedules if schedules is not None else all_schedules())
+        self.schedules = list(schedules if schedules is not None else self.registry.schedules())
         self.dispatcher = Dispatcher(self.state)
         self.handlers = HandlerThreads(self.state)
         self.completer = Completer(self.state, self.dispatcher.claim_into_freed_slots)
@@ -127,7 +131,7 @@ class Worker:
             s.metrics.serve(self.metrics_port)
         if self.run_maintenance:
             self.maintenance = Maintenance(s.url, s.settings, poll_interval=s.poll_interval,
-                                           worker_id=s.worker_id).start()
+                                           worker_id=s.worker_id, registry=self.registry).start()
         if self.listen:
             self.listener = Listener(s.url, self._on_notify)
             self.listener.start()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -21,37 +21,12 @@ from outboxq.queue import context as job_context
 from outboxq.queue import sql
 from outboxq.queue.jobs import Job, JobStatus
 from outboxq.queue.limits import limit_key_of, validate_limit_key
+from outboxq.registry import Registry, default_registry
 from outboxq.settings import get_settings
 
 QUEUE_NAME_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 MAX_KEY_LENGTH = 255
 PRIORITY_RANGE = (-32768, 32767)
-
-
-class PayloadHooks:
-    """What a consumer registered in this process says about its queue's payloads."""
-
-    __slots__ = ("encode", "valid_payload", "depends_on", "limit_by")
-
-    def __init__(
-        self,
-        encode: Callable[[Any], bytes | str] | None = None,
-        valid_payload: Callable[[Any], bool] | None = None,
-        depends_on: Callable[[Any], Iterable[Sequence[str]]] | None = None,
-        limit_by: str | Callable[[Any], Any] | None = None,
-    ):
-        self.encode = encode
-        self.valid_payload = valid_payload
-        self.depends_on = depends_on
-        self.limit_by = limit_by  # flow control: the job's limit key (outboxq.queue.limits)
-
-
-_payload_hooks: dict[str, PayloadHooks] = {}
-
-
-def register_payload_hooks(queue: str, hooks: PayloadHooks) -> None:
-    """Called by workers.registry: enqueue to `queue` validates and encodes payloads with these hooks."""
-    _payload_hooks[queue] = hooks
 
 
 def validate_queue_name(queue: Any) -> str:
@@ -120,9 +95,10 @@ def _validate_options(
     return float(delay or 0.0)
 
 
-def encode_payload(queue: str, payload: Any) -> tuple[str | None, bytes | None]:
-    """(json text, None) with the default JSON codec, or (None, bytes) with the queue's own codec."""
-    hooks = _payload_hooks.get(queue)
+def encode_payload(queue: str, payload: Any, registry: Registry | None = None) -> tuple[str | None, bytes | None]:
+    """(json text, None) with the default JSON codec, or (None, bytes) with the queue's own codec (from the
+    registry of consumers: the default one unless given)."""
+    hooks = (registry or default_registry).payload_hooks(queue)
     if hooks is not None and hooks.valid_payload is not None and not hooks.valid_payload(payload):
         raise InvalidPayload(f"payload rejected by the valid_payload check of queue {queue!r}: {payload!r:.200}")
     if hooks is not None and hooks.encode is not None:
@@ -134,11 +110,11 @@ def encode_payload(queue: str, payload: Any) -> tuple[str | None, bytes | None]:
         raise InvalidPayload(f"payload is not JSON ({exc}); pass JSON values or register a codec") from exc
 
 
-def _limit_key(queue: str, payload: Any, given: str | None) -> str | None:
+def _limit_key(queue: str, payload: Any, given: str | None, registry: Registry) -> str | None:
     """The job's limit key: the one given to enqueue, else the consumer's limit_by applied to the payload."""
     if given is not None:
         return validate_limit_key(given)
-    hooks = _payload_hooks.get(queue)
+    hooks = registry.payload_hooks(queue)
     return None if hooks is None or hooks.limit_by is None else limit_key_of(hooks.limit_by, payload)
 
 
@@ -343,7 +319,9 @@ def _enqueue_plan(
     unique: Any = "forever",
     on_conflict: str = "raise",
     on_dependency_failure: str = "wait",
+    registry: Registry | None = None,
 ) -> Plan:
+    registry = registry or default_registry
     validate_queue_name(queue)
     validate_key(key)
     delay_s = _validate_options(run_at, delay, priority, max_attempts)
@@ -351,9 +329,9 @@ def _enqueue_plan(
     if on_dependency_failure not in ON_DEPENDENCY_FAILURE_MODES:
         raise InvalidInput(f"on_dependency_failure must be one of {', '.join(ON_DEPENDENCY_FAILURE_MODES)}, "
                            f"not {on_dependency_failure!r}")
-    limit_key = _limit_key(queue, payload, limit_key)
-    payload_json, payload_bytes = encode_payload(queue, payload)
-    hooks = _payload_hooks.get(queue)
+    limit_key = _limit_key(queue, payload, limit_key, registry)
+    payload_json, payload_bytes = encode_payload(queue, payload, registry)
+    hooks = registry.payload_hooks(queue)
     if hooks is not None and hooks.depends_on is not None:
         depends_on = [*depends_on, *hooks.depends_on(payload)]
     context = job_context.capture(queue)
@@ -405,14 +383,16 @@ def _enqueue_many_plan(
     limit_keys: Sequence[str | None] | None = None,
     unique: Any = "forever",
     on_conflict: str = "raise",
+    registry: Registry | None = None,
 ) -> Plan:
+    registry = registry or default_registry
     validate_queue_name(queue)
     delay_s = _validate_options(run_at, delay, priority, max_attempts)
     unique_scope, window_s = validate_unique(unique, on_conflict, keys is not None)
     payloads = list(payloads)
     if limit_keys is not None and len(limit_keys) != len(payloads):
         raise InvalidInput(f"limit_keys has {len(limit_keys)} entries for {len(payloads)} payloads")
-    limit_key_list = [_limit_key(queue, p, None if limit_keys is None else limit_keys[i])
+    limit_key_list = [_limit_key(queue, p, None if limit_keys is None else limit_keys[i], registry)
                       for i, p in enumerate(payloads)]
     if keys is None:
         key_list: list[str | None] = [None] * len(payloads)
@@ -428,7 +408,7 @@ def _enqueue_many_plan(
                 seen.add(k)
     if not payloads:
         return []
-    encoded = [encode_payload(queue, p) for p in payloads]
+    encoded = [encode_payload(queue, p, registry) for p in payloads]
     context = job_context.capture(queue)
     options = {"priority": priority, "run_at": run_at, "delay_s": delay_s, "max_attempts": max_attempts,
                "context": context}
@@ -463,6 +443,7 @@ def enqueue(
     unique: str | timedelta = "forever",
     on_conflict: str = "raise",
     on_dependency_failure: str = "wait",
+    registry: Registry | None = None,
 ) -> Job:
     """Write one job in the caller's transaction and return it; nothing is committed here.
 
@@ -472,11 +453,12 @@ def enqueue(
     job holds its key: "forever" (while it exists), "active" (while unfinished) or a timedelta (no second job
     with the key within that long); `on_conflict="ignore"` returns the job holding the key instead of raising.
     `on_dependency_failure`: what this job does when a dependency ends dead or cancelled ("wait", "cancel",
-    "run").
+    "run"). `registry`: whose consumers' payload hooks (codec, validation, dependencies, limit key) apply
+    (outboxq.registry.default_registry, which @consumer fills, unless given).
     """
     plan = _enqueue_plan(queue, payload, key=key, depends_on=depends_on, run_at=run_at, delay=delay,
                          priority=priority, max_attempts=max_attempts, limit_key=limit_key, unique=unique,
-                         on_conflict=on_conflict, on_dependency_failure=on_dependency_failure)
+                         on_conflict=on_conflict, on_dependency_failure=on_dependency_failure, registry=registry)
     return _run_plan(conn, plan)
 
 
@@ -495,12 +477,13 @@ async def enqueue_async(
     unique: str | timedelta = "forever",
     on_conflict: str = "raise",
     on_dependency_failure: str = "wait",
+    registry: Registry | None = None,
 ) -> Job:
     """enqueue() for async code: `conn` is a psycopg AsyncConnection or a SQLAlchemy AsyncSession /
     AsyncConnection; same options, validation and errors, and it never commits."""
     plan = _enqueue_plan(queue, payload, key=key, depends_on=depends_on, run_at=run_at, delay=delay,
                          priority=priority, max_attempts=max_attempts, limit_key=limit_key, unique=unique,
-                         on_conflict=on_conflict, on_dependency_failure=on_dependency_failure)
+                         on_conflict=on_conflict, on_dependency_failure=on_dependency_failure, registry=registry)
     return await _run_plan_async(conn, plan)
 
 
@@ -517,6 +500,7 @@ def enqueue_many(
     limit_keys: Sequence[str | None] | None = None,
     unique: str | timedelta = "forever",
     on_conflict: str = "raise",
+    registry: Registry | None = None,
 ) -> list[Job]:
     """Write many jobs of one queue in one statement, in the caller's transaction; all or none.
 
@@ -524,7 +508,7 @@ def enqueue_many(
     """
     plan = _enqueue_many_plan(queue, payloads, keys=keys, run_at=run_at, delay=delay, priority=priority,
                               max_attempts=max_attempts, limit_keys=limit_keys, unique=unique,
-                              on_conflict=on_conflict)
+                              on_conflict=on_conflict, registry=registry)
     return _run_plan(conn, plan)
 
 
@@ -541,11 +525,12 @@ async def enqueue_many_async(
     limit_keys: Sequence[str | None] | None = None,
     unique: str | timedelta = "forever",
     on_conflict: str = "raise",
+    registry: Registry | None = None,
 ) -> list[Job]:
     """enqueue_many() for async code (psycopg AsyncConnection, SQLAlchemy AsyncSession / AsyncConnection)."""
     plan = _enqueue_many_plan(queue, payloads, keys=keys, run_at=run_at, delay=delay, priority=priority,
                               max_attempts=max_attempts, limit_keys=limit_keys, unique=unique,
-                              on_conflict=on_conflict)
+                              on_conflict=on_conflict, registry=registry)
     return await _run_plan_async(conn, plan)
 
 

@@ -18,6 +18,8 @@ from typing import Any
 import psycopg
 
 from outboxq.queue import sql
+from outboxq.queue.backoff import RetryPolicy
+from outboxq.registry import Registry, default_registry
 from outboxq.settings import Settings
 from outboxq.workers.connected_thread import ConnectedThread
 from outboxq.workers.maintenance import promote, prune, rescue
@@ -47,10 +49,6 @@ class Service:
         self.due = time.monotonic() + (self.backlog_interval_s if more else self.interval_s)
 
 
-def _rescue(conn: psycopg.Connection) -> bool:
-    return len(rescue.run_once(conn)) >= rescue.BATCH_LIMIT
-
-
 def _promote(conn: psycopg.Connection) -> bool:
     promote.run_once(conn)
     return False
@@ -60,8 +58,13 @@ def _prune(conn: psycopg.Connection) -> bool:
     return prune.run_once(conn, max_batches=1) >= prune.BATCH_LIMIT
 
 
-def default_services(poll_interval: float) -> list[Service]:
-    """Rescue and promote every poll interval, prune every minute (one batch per tick while it has a backlog)."""
+def default_services(poll_interval: float,
+                     policy_of: Callable[[str], RetryPolicy] = rescue.policy_of_queue) -> list[Service]:
+    """Rescue and promote every poll interval, prune every minute (one batch per tick while it has a backlog);
+    rescue decides each job's fate with `policy_of(queue)`."""
+    def _rescue(conn: psycopg.Connection) -> bool:
+        return len(rescue.run_once(conn, policy_of=policy_of)) >= rescue.BATCH_LIMIT
+
     return [
         Service("rescue", _rescue, poll_interval, backlog_interval_s=0.0),
         Service("promote", _promote, poll_interval),
@@ -73,11 +76,12 @@ class Maintenance(ConnectedThread):
     """The maintenance thread of one worker: leads (holds the advisory lock) or waits to lead."""
 
     def __init__(self, url: str, settings: Settings, *, poll_interval: float, worker_id: str,
-                 services: list[Service] | None = None):
+                 services: list[Service] | None = None, registry: Registry | None = None):
         self.settings, self.worker_id = settings, worker_id
         super().__init__(url, "outboxq-maintenance", log)
         self.poll_interval = max(0.05, poll_interval)
-        self.services = services if services is not None else default_services(self.poll_interval)
+        self.services = services if services is not None else default_services(
+            self.poll_interval, rescue.policies_of(registry or default_registry, settings))
         self.is_leader = False
 
     def step(self, conn: psycopg.Connection) -> float:

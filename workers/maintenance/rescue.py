@@ -1,7 +1,7 @@
 """Rescue jobs whose lease expired (their worker died, froze or lost the database): retry with backoff, or dead.
 
 Each job follows its own consumer's retry policy (the one its failed attempts follow), decided in Python by
-RetryPolicy; a queue whose consumer this process does not know takes the settings' default policy.
+RetryPolicy; a queue whose consumer the leader's registry does not know takes the settings' default policy.
 """
 
 from __future__ import annotations
@@ -15,18 +15,26 @@ from psycopg.rows import dict_row
 
 from outboxq.queue import sql
 from outboxq.queue.backoff import RetryPolicy
-from outboxq.settings import get_settings
-from outboxq.workers.registry import get_consumer
+from outboxq.registry import Registry, default_registry
+from outboxq.settings import Settings, get_settings
 
 log = logging.getLogger("outboxq.maintenance")
 
 BATCH_LIMIT = 1000
 
 
+def policies_of(registry: Registry, settings: Settings) -> Callable[[str], RetryPolicy]:
+    """queue -> the retry policy of the queue's consumer in `registry`, else the settings' default."""
+    def policy_of(queue: str) -> RetryPolicy:
+        consumer = registry.consumer(queue)
+        return consumer.retry_policy(settings) if consumer is not None else RetryPolicy.from_settings(settings)
+
+    return policy_of
+
+
 def policy_of_queue(queue: str) -> RetryPolicy:
-    """The retry policy of the queue's consumer in this process, else the settings' default."""
-    consumer = get_consumer(queue)
-    return consumer.retry_policy() if consumer is not None else RetryPolicy.from_settings(get_settings())
+    """The retry policy of the queue's consumer in the default registry, else the settings' default."""
+    return policies_of(default_registry, get_settings())(queue)
 
 
 def run_once(conn: Any, *, now: datetime | None = None, limit: int = BATCH_LIMIT,
