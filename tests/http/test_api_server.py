@@ -15,7 +15,7 @@ import pytest
 from outboxq.client import Client, Conflict, Forbidden
 from tests.api_support import job_count
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _free_port() -> int:

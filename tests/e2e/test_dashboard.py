@@ -25,7 +25,7 @@ from outboxq.workers.registry import Consumer
 from outboxq.workers.runner import Worker
 from tests.support import wait_for
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "artifacts" / "screenshots"
 TOKEN = "dashboard-test-admin-token"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or "/usr/bin/chromium"

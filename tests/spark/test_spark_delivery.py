@@ -2,7 +2,7 @@
 
 These drive spark_jobs' consumer with the plain-Python engine on a real PostgreSQL: the same claim,
 snapshot, delivery and recovery code the Spark engine uses, without a Spark session
-(tests/test_spark_consumer.py runs the same with a real one).
+(tests/spark/test_spark_consumer.py runs the same with a real one).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from outboxq.workers.runner import Worker
 from tests.handlers_runtime import isolated_registry  # noqa: F401
 from tests.support import status_of, wait_for
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

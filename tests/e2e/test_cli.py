@@ -11,7 +11,7 @@ import psycopg
 
 from outboxq.db import url_with_database
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_cli(*args, url, timeout=120):

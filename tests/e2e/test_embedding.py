@@ -19,7 +19,7 @@ from outboxq.queue import migrate
 from outboxq.settings import get_settings
 from outboxq.testing import TestQueue
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

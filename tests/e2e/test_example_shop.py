@@ -17,7 +17,7 @@ import pytest
 from tests.api_support import TOKEN_SPEC, auth
 from tests.support import wait_for
 
-SHOP = Path(__file__).resolve().parents[1] / "examples" / "shop"
+SHOP = Path(__file__).resolve().parents[2] / "examples" / "shop"
 
 
 def _free_port() -> int:

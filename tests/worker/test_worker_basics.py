@@ -22,7 +22,7 @@ from outboxq.workers.runner import Worker
 from tests.handlers_basic import RUNS_TABLE_DDL
 from tests.support import wait_for
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 

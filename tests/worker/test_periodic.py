@@ -24,7 +24,7 @@ from outboxq.workers.runner import Worker
 from outboxq.workers.scheduler import slots_to_run
 from tests.support import stop_processes, wait_for
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RUNS_DDL = ("CREATE TABLE IF NOT EXISTS test_periodic_runs (key text PRIMARY KEY, job_id bigint, "
             "ran_at timestamptz DEFAULT clock_timestamp())")
 

@@ -26,7 +26,7 @@ from outboxq.workers.runner import Worker
 from tests.handlers_runtime import EFFECTS_DDL, RUNS_DDL
 from tests.support import status_of, wait_for
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _start_worker(db_url, log_path, *extra, **env_extra):

@@ -28,7 +28,7 @@ from outboxq.workers.runner import Worker
 from tests.handlers_flow import RUNS_DDL
 from tests.support import claim_running, stop_processes, wait_for
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _start_worker(db_url, log_path, queues, *extra):

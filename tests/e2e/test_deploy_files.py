@@ -9,7 +9,7 @@ import yaml
 
 from outboxq.cli import build_parser
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def cli_commands() -> set[str]:

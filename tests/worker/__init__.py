@@ -1,0 +1,1 @@
+"""Workers on a real PostgreSQL: claims, leases, retries, dependencies, limits, schedules, maintenance."""
