@@ -25,7 +25,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from outboxq.errors import InvalidInput
-from outboxq.queue import spark_sql
+from outboxq.queue.sql import spark as spark_sql
 from outboxq.settings import Settings, get_settings
 from outboxq.spark_jobs import registry
 from outboxq.spark_jobs.consumer import processor_id_for

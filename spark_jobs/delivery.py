@@ -33,9 +33,9 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from outboxq.errors import InvalidInput, LeaseLost, OutputTableMismatch
-from outboxq.queue import spark_sql
 from outboxq.queue import sql as job_sql
 from outboxq.queue.backoff import RetryPolicy
+from outboxq.queue.sql import spark as spark_sql
 
 log = logging.getLogger("outboxq.spark")
 

@@ -11,7 +11,8 @@ from typing import Any
 import psycopg
 
 from outboxq.queue import limits as flow_limits
-from outboxq.queue import limits_sql, sql
+from outboxq.queue import sql
+from outboxq.queue.sql import limits as limits_sql
 from outboxq.workers.context import JobContext
 from outboxq.workers.executor import ClaimedJob, Outcome
 from outboxq.workers.registry import Consumer

@@ -129,7 +129,7 @@ def stored_schedules(conn: Any) -> list[dict[str, Any]]:
     """The schedules the workers wrote, with their last and next slots and the last slot's job status."""
     from psycopg.rows import dict_row
 
-    from outboxq.queue import periodic_sql
+    from outboxq.queue.sql import schedules as periodic_sql
 
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(periodic_sql.schedule_list).fetchall()

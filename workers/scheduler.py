@@ -20,8 +20,8 @@ from datetime import datetime, timedelta
 
 import psycopg
 
-from outboxq.queue import periodic_sql
 from outboxq.queue.enqueue import enqueue
+from outboxq.queue.sql import schedules as periodic_sql
 from outboxq.workers.connected_thread import ConnectedThread
 from outboxq.workers.periodic import Schedule, slot_key
 

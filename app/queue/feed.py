@@ -10,8 +10,7 @@ handed out. A transaction still in progress holds the feed back until it finishe
 
 The marker is opaque to clients and tamper-evident: an HMAC over the queue and the position.
 
-The feed's SQL lives here as named constants rather than in app/queue/sql.py, so that the listing can be
-changed without touching the runtime's statements.
+The feed's statement is sql.job_feed_page (app/queue/sql/jobs.py).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A @consumer declares its queue's limits (global_concurrency, rate_limit, limit_by); a worker writes them to
 outboxq_queue_limits when it starts, unless an operator has set that queue's limits (`outboxq queues limit`),
 which then stay until reset. Every worker re-reads the table every few seconds, so a change reaches all of
-them without a restart. The statements are in limits_sql.py.
+them without a restart. The statements are in sql/limits.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from outboxq.errors import InvalidInput, InvalidLimit
-from outboxq.queue import limits_sql
+from outboxq.queue.sql import limits as limits_sql
 
 RATE_PERIODS_S = {"s": 1.0, "m": 60.0, "h": 3600.0}
 _RATE_PATTERN = re.compile(r"\s*(\d+)\s*/\s*([smh])\s*")

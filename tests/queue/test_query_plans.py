@@ -130,7 +130,8 @@ def rows_read_from_jobs(plan: dict) -> int:
 
 
 def test_the_per_key_claim_with_10000_keys_is_index_driven_and_reads_only_the_keys_it_serves(many_keys):
-    from outboxq.queue import limits, limits_sql
+    from outboxq.queue import limits
+    from outboxq.queue.sql import limits as limits_sql
 
     limit = 500  # what a worker asks with a full batch
     max_keys = limits.key_budget(limit)
@@ -150,7 +151,7 @@ def test_the_per_key_claim_with_10000_keys_is_index_driven_and_reads_only_the_ke
 
 @pytest.mark.parametrize("name", ["job_claim_limited", "queue_limits_usage"])
 def test_the_limited_claim_and_the_usage_never_scan_the_finished_history(many_keys, name):
-    from outboxq.queue import limits_sql
+    from outboxq.queue.sql import limits as limits_sql
 
     many_keys.execute("INSERT INTO outboxq_queue_limits (queue, global_concurrency) VALUES ('emails', 10)")
     many_keys.commit()

@@ -13,7 +13,7 @@ from outboxq.api.deps import PoolDep, SettingsDep, transaction
 from outboxq.api.errors import ApiProblem, error_responses
 from outboxq.api.routing import OutboxqRoute
 from outboxq.api.schemas import SparkBatchCreate, SparkBatchCreated
-from outboxq.queue import spark_sql
+from outboxq.queue.sql import spark as spark_sql
 
 router = APIRouter(tags=["spark"], route_class=OutboxqRoute)
 

@@ -1,26 +1,10 @@
-"""Every statement the queue runtime runs, named entity-first. Nothing else in outboxq writes job SQL.
-
-Statements that depend on time take a `now` parameter where tests need to move the clock.
-"""
+"""Statements on outboxq_jobs and its dependency and history tables: enqueue, claim, complete, fail, snooze,
+heartbeat, the listing, and the operators' actions on one job. CLAIM_SET and RELEASE_SET are the fragments
+every claim and release shares (Spark's too)."""
 
 from __future__ import annotations
 
-import re
-from functools import lru_cache
-
-from outboxq.queue.schema import CANCEL_NOTICE, KEY_HELD_PREDICATE, NOTIFY_CHANNEL, VERSION_TABLE, metadata
-
-# outboxq's table names, longest first so that outboxq_jobs never matches inside outboxq_jobs_x.
-_TABLE_NAME = re.compile(
-    r"(?<![\w.\"])(" + "|".join(sorted([*metadata.tables, VERSION_TABLE], key=len, reverse=True)) + r")\b"
-)
-
-
-@lru_cache(maxsize=256)
-def qualified(statement: str, schema: str) -> str:
-    """`statement` with each outboxq table named in `schema` (for statements run on the caller's connection,
-    whose search_path is the caller's, not outboxq's)."""
-    return _TABLE_NAME.sub(lambda m: f'"{schema}".{m.group(1)}', statement)
+from outboxq.queue.schema import CANCEL_NOTICE, KEY_HELD_PREDICATE, NOTIFY_CHANNEL
 
 JOB_COLUMNS = (
     "id, queue, key, status, payload, payload_bytes, priority, run_at, attempts, max_attempts, "
@@ -28,8 +12,6 @@ JOB_COLUMNS = (
     "attempt_started_at, finished_at, unique_scope, on_dependency_failure, snoozes, result, progress, "
     "progress_message"
 )
-
-# ---------------------------------------------------------------- enqueue
 
 # A key held by another job (schema.KEY_HELD_PREDICATE) makes the insert do nothing: no row comes back.
 job_insert = f"""
@@ -77,7 +59,9 @@ job_delete_by_ids = "DELETE FROM outboxq_jobs WHERE id = ANY(%(ids)s::bigint[])"
 
 # enqueue_many with keys, inside the caller's transaction: a refused call rolls back to this savepoint.
 enqueue_savepoint = "SAVEPOINT outboxq_enqueue_many"
+
 enqueue_savepoint_rollback = "ROLLBACK TO SAVEPOINT outboxq_enqueue_many"
+
 enqueue_savepoint_release = "RELEASE SAVEPOINT outboxq_enqueue_many"
 
 # The newest job of each (queue, key) pair (a key that is not unique forever may have several jobs).
@@ -92,6 +76,7 @@ ORDER BY j.queue, j.key, j.id DESC
 # Uniqueness within a window (unique=timedelta): the keys of this call are locked until the transaction ends
 # (in a fixed order, so two callers cannot deadlock), then the jobs created with them within the window read.
 UNIQUE_KEY_LOCK_CLASS = 7002
+
 job_key_lock = f"""
 SELECT count(pg_advisory_xact_lock({UNIQUE_KEY_LOCK_CLASS}, hashtext(%(queue)s || E'\\n' || k.key))) AS locked
 FROM (SELECT DISTINCT unnest(%(keys)s::text[]) AS key ORDER BY 1) AS k
@@ -118,8 +103,6 @@ SELECT %(job_id)s, unnest(%(depends_on_ids)s::bigint[])
 
 job_get = f"SELECT {JOB_COLUMNS} FROM outboxq_jobs WHERE id = %(id)s"
 
-# ---------------------------------------------------------------- fragments shared by several statements
-
 # What every claim sets on a job it takes (workers' batch and by-id claims, flow control's claims through
 # job_claim_batch, Spark's snapshot claim): running, one more attempt, a lease under the claimer's token.
 CLAIM_SET = """SET status = 'running',
@@ -135,9 +118,6 @@ CLAIM_SET = """SET status = 'running',
 # (a stopping worker's unstarted jobs, a Spark snapshot that cannot be delivered any more).
 RELEASE_SET = """SET status = CASE WHEN j.attempts > 1 THEN 'retrying' ELSE 'queued' END,
     attempts = j.attempts - 1, lease_token = NULL, lease_expires_at = NULL, run_at = now()"""
-
-
-# ---------------------------------------------------------------- claim, complete, fail (the hot path)
 
 # One statement: read the queue's state (paused, failing), lock fresh jobs with SKIP LOCKED, and while the
 # queue is failing take at most one retrying job (and none while another retry is in flight), so that a
@@ -308,12 +288,6 @@ WHERE j.id = r.id AND j.lease_token = r.lease_token AND j.status = 'running'
 RETURNING j.id
 """
 
-queue_mark_healthy = """
-UPDATE outboxq_queues
-SET failing_since = NULL, consecutive_failures = 0, last_success_at = now()
-WHERE queue = %(queue)s AND failing_since IS NOT NULL
-"""
-
 # Renew the leases of running jobs. Ids missing from the result were fenced; cancel_requested tells the
 # handler to stop.
 job_heartbeat = """
@@ -333,134 +307,6 @@ WHERE id = %(id)s AND lease_token = %(lease_token)s AND status = 'running'
 FOR UPDATE
 """
 
-# ---------------------------------------------------------------- maintenance
-
-# Jobs whose lease expired (their worker died, froze, or lost the database): retry with backoff, or dead.
-# Rescue, in one transaction: lock a bounded set of jobs whose lease expired, then apply what each job's
-# retry policy decided in Python (the same RetryPolicy that failed attempts use; workers/maintenance/rescue.py).
-job_rescue_lock_expired = """
-SELECT id, queue, attempts, max_attempts, cancel_requested, worker_id FROM outboxq_jobs
-WHERE status = 'running' AND lease_expires_at < %(now)s
-ORDER BY lease_expires_at
-LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED
-"""
-
-job_rescue_apply = """
-WITH decided AS (
-    SELECT * FROM unnest(%(ids)s::bigint[], %(statuses)s::text[], %(delays)s::float8[], %(errors)s::text[])
-           AS d(id, status, delay, error)
-),
-rescued AS (
-    UPDATE outboxq_jobs j
-    SET status = d.status,
-        run_at = CASE WHEN d.status = 'retrying' THEN %(now)s + d.delay * interval '1 second' ELSE j.run_at END,
-        finished_at = CASE WHEN d.status IN ('dead', 'cancelled') THEN %(now)s END,
-        last_error = d.error, last_traceback = NULL,
-        lease_token = NULL, lease_expires_at = NULL
-    FROM decided d WHERE j.id = d.id AND j.status = 'running'
-    RETURNING j.id, j.queue, j.status, j.attempts, j.last_error
-),
-history AS (
-    INSERT INTO outboxq_job_errors (job_id, attempt, error, failed_at)
-    SELECT id, attempts, last_error, %(now)s FROM rescued
-)
-SELECT id, queue, status, attempts FROM rescued
-"""
-
-# Safety net for the release done at completion: a waiting job whose dependencies are all done (or were
-# pruned, which only happens to finished jobs) becomes queued.
-job_release_ready_waiting = f"""
-WITH released AS (
-    UPDATE outboxq_jobs w
-    SET status = 'queued', waiting_reason = NULL
-    WHERE w.status = 'waiting'
-      AND NOT EXISTS (
-          SELECT 1 FROM outboxq_job_dependencies d
-          JOIN outboxq_jobs dep ON dep.id = d.depends_on_id
-          WHERE d.job_id = w.id AND dep.status <> 'done')
-    RETURNING w.id, w.queue
-),
-notified AS (SELECT pg_notify('{NOTIFY_CHANNEL}', queue) FROM (SELECT DISTINCT queue FROM released) q)
-SELECT (SELECT count(*) FROM released) AS released, (SELECT count(*) FROM notified) AS queues
-"""
-
-# on_dependency_failure="cancel": a waiting job with a dead or cancelled dependency is cancelled, the reason
-# naming it. Its own waiting dependents see it cancelled on the next pass (maintenance repeats this until it
-# cancels nothing), so a chain is cancelled link by link.
-job_cancel_on_failed_dependency = """
-WITH failed AS (
-    SELECT w.id,
-           string_agg(format('dependency %%s (queue %%s, key %%s) is %%s', dep.id, dep.queue,
-                             coalesce(dep.key, '-'), dep.status), '; ' ORDER BY dep.id) AS reason
-    FROM outboxq_jobs w
-    JOIN outboxq_job_dependencies d ON d.job_id = w.id
-    JOIN outboxq_jobs dep ON dep.id = d.depends_on_id
-    WHERE w.status = 'waiting' AND w.on_dependency_failure = 'cancel' AND dep.status IN ('dead', 'cancelled')
-    GROUP BY w.id
-)
-UPDATE outboxq_jobs w
-SET status = 'cancelled', finished_at = now(), waiting_reason = failed.reason,
-    last_error = 'cancelled: ' || failed.reason
-FROM failed
-WHERE w.id = failed.id AND w.status = 'waiting'
-RETURNING w.id
-"""
-
-# on_dependency_failure="run": a waiting job runs once every dependency has finished, done or not.
-job_release_on_failed_dependency = f"""
-WITH released AS (
-    UPDATE outboxq_jobs w
-    SET status = 'queued', waiting_reason = NULL
-    WHERE w.status = 'waiting' AND w.on_dependency_failure = 'run'
-      AND NOT EXISTS (
-          SELECT 1 FROM outboxq_job_dependencies d
-          JOIN outboxq_jobs dep ON dep.id = d.depends_on_id
-          WHERE d.job_id = w.id AND dep.status NOT IN ('done', 'dead', 'cancelled'))
-    RETURNING w.id, w.queue
-),
-notified AS (SELECT pg_notify('{NOTIFY_CHANNEL}', queue) FROM (SELECT DISTINCT queue FROM released) q)
-SELECT (SELECT count(*) FROM released) AS released, (SELECT count(*) FROM notified) AS queues
-"""
-
-# A waiting job says why it cannot run when a dependency is dead or cancelled; the reason is cleared when
-# that dependency is retried.
-job_update_waiting_reasons = """
-WITH reasons AS (
-    SELECT w.id,
-           string_agg(format('dependency %%s (queue %%s, key %%s) is %%s', dep.id, dep.queue,
-                             coalesce(dep.key, '-'), dep.status), '; ' ORDER BY dep.id)
-               FILTER (WHERE dep.status IN ('dead', 'cancelled')) AS reason
-    FROM outboxq_jobs w
-    JOIN outboxq_job_dependencies d ON d.job_id = w.id
-    JOIN outboxq_jobs dep ON dep.id = d.depends_on_id
-    WHERE w.status = 'waiting'
-    GROUP BY w.id
-)
-UPDATE outboxq_jobs w SET waiting_reason = reasons.reason
-FROM reasons
-WHERE w.id = reasons.id AND w.waiting_reason IS DISTINCT FROM reasons.reason
-RETURNING w.id, w.waiting_reason
-"""
-
-# Retention: finished jobs go in bulk, oldest first, a bounded number per statement. A dead or cancelled
-# job that a waiting job depends on is kept: deleting it would look like "dependency satisfied" and
-# release the waiting job (it goes once its dependents are cancelled, or it is retried and done).
-job_prune_finished = """
-DELETE FROM outboxq_jobs
-WHERE id IN (
-    SELECT f.id FROM outboxq_jobs f
-    WHERE ((f.status IN ('done', 'cancelled') AND f.finished_at < %(done_before)s)
-           OR (f.status = 'dead' AND f.finished_at < %(dead_before)s))
-      AND (f.status = 'done' OR NOT EXISTS (
-              SELECT 1 FROM outboxq_job_dependencies d JOIN outboxq_jobs w ON w.id = d.job_id
-              WHERE d.depends_on_id = f.id AND w.status = 'waiting'))
-    LIMIT %(limit)s
-)
-"""
-
-# ---------------------------------------------------------------- listing (commit-safe markers, app/queue/feed.py)
-
 # Jobs of one queue after a position, below the reader's snapshot xmin, in (created_xid, id) order.
 job_feed_page = f"""
 SELECT {JOB_COLUMNS}, created_xid
@@ -473,40 +319,6 @@ ORDER BY created_xid, id
 LIMIT %(limit)s
 """
 
-# ---------------------------------------------------------------- Idempotency-Keys (app/queue/idempotency.py)
-
-idempotency_lock = "SELECT pg_advisory_xact_lock(hashtextextended(%(scope)s || E'\\n' || %(key)s, 7001))"
-idempotency_get = """
-SELECT request_hash, response_status, response_body
-FROM outboxq_idempotency_keys WHERE scope = %(scope)s AND key = %(key)s
-"""
-idempotency_insert = """
-INSERT INTO outboxq_idempotency_keys (scope, key, request_hash, response_status, response_body)
-VALUES (%(scope)s, %(key)s, %(request_hash)s, %(response_status)s, %(response_body)s)
-"""
-
-idempotency_key_prune = """
-DELETE FROM outboxq_idempotency_keys WHERE created_at < %(before)s
-"""
-
-# ---------------------------------------------------------------- shared secrets (app/queue/secrets.py)
-
-# The named secret, written with `value` by the first caller; a caller that raced with that first writer gets
-# nothing back (the row is not in its snapshot) and reads again.
-secret_get_or_create = """
-WITH created AS (
-    INSERT INTO outboxq_secrets (name, value) VALUES (%(name)s, %(value)s)
-    ON CONFLICT (name) DO NOTHING
-    RETURNING value
-)
-SELECT value FROM created
-UNION ALL
-SELECT value FROM outboxq_secrets WHERE name = %(name)s
-LIMIT 1
-"""
-
-# ---------------------------------------------------------------- admin
-
 job_retry_now = f"""
 WITH retried AS (
     UPDATE outboxq_jobs
@@ -518,21 +330,6 @@ WITH retried AS (
     RETURNING id, queue
 )
 SELECT id, pg_notify('{NOTIFY_CHANNEL}', queue) FROM retried
-"""
-
-queue_retry_all_now = f"""
-WITH retried AS (
-    UPDATE outboxq_jobs
-    -- A job out of attempts gets exactly one more, so attempts never exceed max_attempts.
-    SET status = 'queued', run_at = now(), finished_at = NULL, cancel_requested = false,
-        max_attempts = CASE WHEN max_attempts <> 0 AND attempts >= max_attempts THEN attempts + 1
-                            ELSE max_attempts END
-    WHERE queue = %(queue)s AND status IN ('retrying', 'dead')
-    RETURNING id
-)
-SELECT count(*) AS retried,
-       (SELECT pg_notify('{NOTIFY_CHANNEL}', %(queue)s) WHERE EXISTS (SELECT 1 FROM retried)) AS n
-FROM retried
 """
 
 # Re-run a finished (done) job: used by the testing helpers to check a handler's idempotence.
@@ -557,98 +354,9 @@ notified AS (SELECT pg_notify('{NOTIFY_CHANNEL}', '{CANCEL_NOTICE}') FROM cancel
 SELECT id, status, (SELECT count(*) FROM notified) AS notified FROM cancelled
 """
 
-queue_set_paused = """
-INSERT INTO outboxq_queues (queue, paused, paused_at)
-VALUES (%(queue)s, %(paused)s, CASE WHEN %(paused)s THEN now() END)
-ON CONFLICT (queue) DO UPDATE
-SET paused = EXCLUDED.paused, paused_at = EXCLUDED.paused_at
-"""
-
-queue_list_errors = f"""
-SELECT {JOB_COLUMNS} FROM outboxq_jobs
-WHERE queue = %(queue)s AND status IN ('retrying', 'dead')
-ORDER BY id
-LIMIT %(limit)s
-"""
-
 job_error_history = """
 SELECT attempt, error, traceback, failed_at, kind FROM outboxq_job_errors
 WHERE job_id = %(id)s ORDER BY id
-"""
-
-queue_counts = """
-WITH names AS (
-    SELECT DISTINCT queue FROM outboxq_jobs
-    UNION SELECT queue FROM outboxq_queues
-)
-SELECT n.queue,
-       coalesce(q.paused, false) AS paused,
-       q.failing_since,
-       coalesce(c.counts, '{}'::jsonb) AS counts
-FROM names n
-LEFT JOIN outboxq_queues q ON q.queue = n.queue
-LEFT JOIN LATERAL (
-    SELECT jsonb_object_agg(status, n_jobs) AS counts
-    FROM (SELECT status, count(*) AS n_jobs FROM outboxq_jobs j WHERE j.queue = n.queue GROUP BY status) s
-) c ON true
-ORDER BY n.queue
-"""
-
-# Retry statistics over jobs finished in the window: how many succeeded at the first attempt, how many
-# needed retries.
-stats_retries = """
-SELECT queue,
-       count(*) FILTER (WHERE status = 'done') AS ok,
-       coalesce(sum(attempts - 1) FILTER (WHERE attempts > 1), 0) AS retries,
-       count(*) FILTER (WHERE status = 'dead') AS dead,
-       count(*) AS finished
-FROM outboxq_jobs
-WHERE status IN ('done', 'dead') AND finished_at >= %(since)s
-  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
-GROUP BY queue ORDER BY queue
-"""
-
-stats_processing_time = """
-SELECT queue, count(*) AS jobs,
-       avg(ms) AS avg_ms, min(ms) AS min_ms, max(ms) AS max_ms,
-       percentile_cont(0.50) WITHIN GROUP (ORDER BY ms) AS p50_ms,
-       percentile_cont(0.90) WITHIN GROUP (ORDER BY ms) AS p90_ms,
-       percentile_cont(0.95) WITHIN GROUP (ORDER BY ms) AS p95_ms,
-       percentile_cont(0.99) WITHIN GROUP (ORDER BY ms) AS p99_ms
-FROM (SELECT queue, extract(epoch FROM finished_at - attempt_started_at) * 1000 AS ms
-      FROM outboxq_jobs
-      WHERE status = 'done' AND finished_at >= %(since)s AND attempt_started_at IS NOT NULL
-        AND (%(queue)s::text IS NULL OR queue = %(queue)s)) t
-GROUP BY queue ORDER BY queue
-"""
-
-queue_failing = """
-SELECT queue, failing_since, consecutive_failures FROM outboxq_queues
-WHERE failing_since IS NOT NULL ORDER BY queue
-"""
-
-# Per-minute finished and failed attempts over the last `minutes` (the dashboard's chart).
-stats_throughput = """
-WITH buckets AS (
-    SELECT generate_series(date_trunc('minute', %(now)s::timestamptz) - (%(minutes)s - 1) * interval '1 minute',
-                           date_trunc('minute', %(now)s::timestamptz), interval '1 minute') AS minute
-),
-done AS (
-    SELECT date_trunc('minute', finished_at) AS minute, count(*) AS n FROM outboxq_jobs
-    WHERE status = 'done' AND finished_at > %(now)s::timestamptz - %(minutes)s * interval '1 minute'
-      AND (%(queue)s::text IS NULL OR queue = %(queue)s)
-    GROUP BY 1
-),
-failed AS (
-    SELECT date_trunc('minute', e.failed_at) AS minute, count(*) AS n
-    FROM outboxq_job_errors e JOIN outboxq_jobs j ON j.id = e.job_id
-    WHERE e.failed_at > %(now)s::timestamptz - %(minutes)s * interval '1 minute' AND e.kind = 'error'
-      AND (%(queue)s::text IS NULL OR j.queue = %(queue)s)
-    GROUP BY 1
-)
-SELECT b.minute, coalesce(d.n, 0) AS done, coalesce(f.n, 0) AS failed
-FROM buckets b LEFT JOIN done d ON d.minute = b.minute LEFT JOIN failed f ON f.minute = b.minute
-ORDER BY b.minute
 """
 
 # What a job waits for, and what waits for it.
@@ -662,47 +370,3 @@ FROM outboxq_job_dependencies d JOIN outboxq_jobs j ON j.id = d.job_id
 WHERE d.depends_on_id = %(id)s
 ORDER BY 1, 2
 """
-
-# ---------------------------------------------------------------- schema version (outboxq's own table)
-
-schema_version_exists = "SELECT to_regclass(%(table)s) IS NOT NULL"
-schema_version_get = "SELECT version_num FROM outboxq_alembic_version"
-
-# ---------------------------------------------------------------- maintenance leadership
-
-# Session-level advisory lock (class MAINTENANCE_LOCK_CLASS, key: hash of the instance's lock name) held by the
-# leading worker's maintenance connection; PostgreSQL releases it when that connection ends.
-MAINTENANCE_LOCK_CLASS = 7291
-
-maintenance_leader_try = f"""
-SELECT pg_try_advisory_lock({MAINTENANCE_LOCK_CLASS}, hashtext(%(name)s)) AS leader
-"""
-
-maintenance_leader_pid = f"""
-SELECT pid FROM pg_locks
-WHERE locktype = 'advisory' AND granted AND objsubid = 2 AND classid = {MAINTENANCE_LOCK_CLASS}::oid
-  AND objid = (hashtext(%(name)s)::bigint & 4294967295)::oid
-"""
-
-# ---------------------------------------------------------------- metrics (GET /metrics): unfinished work only
-#
-# One branch per unfinished status, each matching a partial index's predicate, so the cost follows the
-# unfinished jobs and never the finished history (tests/test_query_plans.py checks the plans).
-metrics_unfinished_counts = """
-SELECT queue, 'queued' AS status, count(*) AS n FROM outboxq_jobs WHERE status = 'queued' GROUP BY queue
-UNION ALL
-SELECT queue, 'retrying', count(*) FROM outboxq_jobs WHERE status = 'retrying' GROUP BY queue
-UNION ALL
-SELECT queue, 'running', count(*) FROM outboxq_jobs WHERE status = 'running' GROUP BY queue
-UNION ALL
-SELECT queue, 'waiting', count(*) FROM outboxq_jobs WHERE status = 'waiting' GROUP BY queue
-"""
-
-# Queue lag: how long the oldest job that could run now has been ready (0 when none is).
-metrics_queue_lag = """
-SELECT queue, extract(epoch FROM now() - min(run_at))::float8 AS lag_s
-FROM outboxq_jobs WHERE status = 'queued' AND run_at <= now()
-GROUP BY queue
-"""
-
-metrics_queue_states = "SELECT queue, paused, failing_since IS NOT NULL AS failing FROM outboxq_queues"

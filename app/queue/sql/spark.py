@@ -9,7 +9,7 @@ run at once; each claims its own snapshots, and adopts those whose driver stoppe
 
 from __future__ import annotations
 
-from outboxq.queue import sql as job_sql
+from outboxq.queue.sql import jobs as job_sql
 
 # ---------------------------------------------------------------- drivers and their fencing epoch
 

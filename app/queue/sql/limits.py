@@ -17,7 +17,7 @@ rows returned), so that the limited and the unlimited claims cannot drift apart.
 
 from __future__ import annotations
 
-from outboxq.queue import sql
+from outboxq.queue.sql import jobs as sql
 
 LIMIT_LOCK_CLASS = 7314
 

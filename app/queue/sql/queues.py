@@ -1,0 +1,64 @@
+"""Statements on outboxq_queues (pause, failing state, per-queue backoff) and per-queue actions."""
+
+from __future__ import annotations
+
+from outboxq.queue.schema import NOTIFY_CHANNEL
+from outboxq.queue.sql.jobs import JOB_COLUMNS
+
+queue_mark_healthy = """
+UPDATE outboxq_queues
+SET failing_since = NULL, consecutive_failures = 0, last_success_at = now()
+WHERE queue = %(queue)s AND failing_since IS NOT NULL
+"""
+
+queue_retry_all_now = f"""
+WITH retried AS (
+    UPDATE outboxq_jobs
+    -- A job out of attempts gets exactly one more, so attempts never exceed max_attempts.
+    SET status = 'queued', run_at = now(), finished_at = NULL, cancel_requested = false,
+        max_attempts = CASE WHEN max_attempts <> 0 AND attempts >= max_attempts THEN attempts + 1
+                            ELSE max_attempts END
+    WHERE queue = %(queue)s AND status IN ('retrying', 'dead')
+    RETURNING id
+)
+SELECT count(*) AS retried,
+       (SELECT pg_notify('{NOTIFY_CHANNEL}', %(queue)s) WHERE EXISTS (SELECT 1 FROM retried)) AS n
+FROM retried
+"""
+
+queue_set_paused = """
+INSERT INTO outboxq_queues (queue, paused, paused_at)
+VALUES (%(queue)s, %(paused)s, CASE WHEN %(paused)s THEN now() END)
+ON CONFLICT (queue) DO UPDATE
+SET paused = EXCLUDED.paused, paused_at = EXCLUDED.paused_at
+"""
+
+queue_list_errors = f"""
+SELECT {JOB_COLUMNS} FROM outboxq_jobs
+WHERE queue = %(queue)s AND status IN ('retrying', 'dead')
+ORDER BY id
+LIMIT %(limit)s
+"""
+
+queue_counts = """
+WITH names AS (
+    SELECT DISTINCT queue FROM outboxq_jobs
+    UNION SELECT queue FROM outboxq_queues
+)
+SELECT n.queue,
+       coalesce(q.paused, false) AS paused,
+       q.failing_since,
+       coalesce(c.counts, '{}'::jsonb) AS counts
+FROM names n
+LEFT JOIN outboxq_queues q ON q.queue = n.queue
+LEFT JOIN LATERAL (
+    SELECT jsonb_object_agg(status, n_jobs) AS counts
+    FROM (SELECT status, count(*) AS n_jobs FROM outboxq_jobs j WHERE j.queue = n.queue GROUP BY status) s
+) c ON true
+ORDER BY n.queue
+"""
+
+queue_failing = """
+SELECT queue, failing_since, consecutive_failures FROM outboxq_queues
+WHERE failing_since IS NOT NULL ORDER BY queue
+"""
