@@ -188,7 +188,7 @@ def cmd_pause(args: argparse.Namespace) -> int:
 
 def cmd_jobs(args: argparse.Namespace) -> int:
     """Job operations: errors of a queue, retry, cancel, show."""
-    from outboxq import get_job
+    from outboxq import Job, get_job
     from outboxq.db import connect
     from outboxq.queue import admin
 
@@ -198,6 +198,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             _print([j.to_dict() for j in jobs], ["id", "status", "attempts", "max_attempts", "last_error"],
                    args.json)
             return 0
+        job: Job | None
         if args.jobs_command == "retry":
             job = admin.retry_job(conn, args.id)
         elif args.jobs_command == "cancel":

@@ -130,7 +130,7 @@ class _Base:
     def __init__(self, base_url: str, token: str | None, *, retries: int, max_backoff_s: float):
         self.base_url = base_url.rstrip("/")
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.retry_args = {
+        self.retry_args: dict[str, Any] = {
             "retry": retry_if_exception(_transient),
             "stop": stop_after_attempt(retries + 1),
             "wait": wait_exponential_jitter(multiplier=0.1, max=max_backoff_s),

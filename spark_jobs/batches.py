@@ -24,6 +24,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from outboxq.db import DictConnection, one_row
 from outboxq.errors import InvalidInput
 from outboxq.queue.sql import spark as spark_sql
 from outboxq.settings import Settings, get_settings
@@ -45,12 +46,12 @@ CHILD_ENV_PREFIXES = ("LC_", "OUTBOXQ_SPARK_", "SPARK_", "PYSPARK_", "JAVA_", "H
 SLOT_POLL_S = 0.5
 
 
-def _cursor(conn: psycopg.Connection) -> psycopg.Cursor:
+def _cursor(conn: psycopg.Connection[Any]) -> psycopg.Cursor[dict[str, Any]]:
     return conn.cursor(row_factory=dict_row)
 
 
 def submit_batch(
-    conn: psycopg.Connection,
+    conn: DictConnection,
     *,
     queue: str,
     processor: str,
@@ -63,10 +64,10 @@ def submit_batch(
     The processor is a registered name (InvalidInput, listing the names, otherwise)."""
     validate_output_table(output_table)
     registry.registered_spec(processor, settings)
-    row = _cursor(conn).execute(spark_sql.spark_batch_insert, {
+    row = one_row(_cursor(conn).execute(spark_sql.spark_batch_insert, {
         "queue": queue, "processor": processor, "output_table": output_table, "batch_size": batch_size,
         "master": None,
-    }).fetchone()
+    }))
     return int(row["id"])
 
 
@@ -120,7 +121,7 @@ def launch_batch(batch_id: int, settings: Settings | None = None) -> subprocess.
     return process
 
 
-def get_batch(conn: psycopg.Connection, batch_id: int) -> dict[str, Any] | None:
+def get_batch(conn: DictConnection, batch_id: int) -> dict[str, Any] | None:
     """The batch with its state and counts, and the snapshots its processor delivered while it ran."""
     batch = _cursor(conn).execute(spark_sql.spark_batch_get, {"id": batch_id}).fetchone()
     if batch is None:
@@ -134,16 +135,16 @@ def get_batch(conn: psycopg.Connection, batch_id: int) -> dict[str, Any] | None:
     return batch
 
 
-def _take_batch_slot(conn: psycopg.Connection, max_batches: int) -> int | None:
+def _take_batch_slot(conn: DictConnection, max_batches: int) -> int | None:
     for slot in range(max_batches):
-        taken = _cursor(conn).execute(spark_sql.spark_batch_try_slot, {"slot": slot}).fetchone()["taken"]
+        taken = one_row(_cursor(conn).execute(spark_sql.spark_batch_try_slot, {"slot": slot}))["taken"]
         conn.commit()
         if taken:
             return slot
     return None
 
 
-def start_batch(conn: psycopg.Connection, batch_id: int, *, settings: Settings | None = None) -> dict[str, Any]:
+def start_batch(conn: DictConnection, batch_id: int, *, settings: Settings | None = None) -> dict[str, Any]:
     """Wait (pending) for a free batch slot, then mark the batch running; its row.
 
     The slot is a session lock of ``conn``: keep it open while the batch runs. PostgreSQL frees the slot
@@ -164,7 +165,7 @@ def start_batch(conn: psycopg.Connection, batch_id: int, *, settings: Settings |
     return dict(row)
 
 
-def record_progress(conn: psycopg.Connection, batch_id: int, *, jobs_claimed: int, rows_written: int,
+def record_progress(conn: DictConnection, batch_id: int, *, jobs_claimed: int, rows_written: int,
                     error: str | None = None) -> None:
     """Add a delivery's counts to the batch (committed)."""
     with conn.transaction():
@@ -172,7 +173,7 @@ def record_progress(conn: psycopg.Connection, batch_id: int, *, jobs_claimed: in
             "id": batch_id, "jobs_claimed": jobs_claimed, "rows_written": rows_written, "error": error})
 
 
-def finish_batch(conn: psycopg.Connection, batch_id: int, *, error: str | None = None) -> None:
+def finish_batch(conn: DictConnection, batch_id: int, *, error: str | None = None) -> None:
     """Mark the batch done, or failed with the error (committed)."""
     with conn.transaction():
         conn.execute(spark_sql.spark_batch_finish, {

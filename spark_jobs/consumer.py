@@ -14,10 +14,11 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 
-from outboxq.db import connect
+from outboxq.db import DictConnection, connect
 from outboxq.errors import BatchFailed
 from outboxq.queue.backoff import RetryPolicy
 from outboxq.settings import Settings, get_settings
@@ -64,7 +65,7 @@ class ConsumerConfig:
     def from_settings(cls, settings: Settings | None = None, **fields) -> ConsumerConfig:
         """A config whose defaults (batch size, lease, retry policy) come from the settings."""
         settings = settings or get_settings()
-        defaults = {
+        defaults: dict[str, Any] = {
             "batch_size": settings.spark_batch_size,
             "lease_s": settings.spark_lease_s,
             "poll_interval": settings.poll_interval,
@@ -141,7 +142,7 @@ class Consumer:
         self.stats = ConsumerStats()
         self.driver_id: str | None = config.driver_id
         self.epoch: int | None = None
-        self._conn: psycopg.Connection | None = None
+        self._conn: DictConnection | None = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -171,10 +172,18 @@ class Consumer:
         self.close()
 
     @property
-    def conn(self) -> psycopg.Connection:
+    def conn(self) -> DictConnection:
+        """The started driver's connection (RuntimeError before start())."""
         if self._conn is None or self.epoch is None:
             raise RuntimeError("call Consumer.start() first")
         return self._conn
+
+    @property
+    def identity(self) -> tuple[str, int]:
+        """The started driver's (driver id, epoch) (RuntimeError before start())."""
+        if self.driver_id is None or self.epoch is None:
+            raise RuntimeError("call Consumer.start() first")
+        return self.driver_id, self.epoch
 
     # ------------------------------------------------------------ the loop
 
@@ -189,8 +198,9 @@ class Consumer:
 
     def adopt_once(self) -> bool:
         """Adopt one undelivered snapshot (this driver's own, or one whose lease lapsed) and deliver it."""
+        driver_id, epoch = self.identity
         snapshots = delivery.adopt_snapshots(
-            self.conn, processor_id=self.processor_id, driver_id=self.driver_id, epoch=self.epoch,
+            self.conn, processor_id=self.processor_id, driver_id=driver_id, epoch=epoch,
             lease_s=self.config.lease_s, default_max_attempts=self.config.retry_policy.max_attempts)
         for snapshot in snapshots:
             log.info("spark: adopting snapshot %s (%d jobs, hash %s, epoch %s)", snapshot.id,
@@ -203,8 +213,9 @@ class Consumer:
         """Adopt a lapsed snapshot or claim one batch, process and deliver it; False when nothing was due."""
         if self.adopt_once():
             return True
+        driver_id, epoch = self.identity
         snapshot = delivery.claim_snapshot(
-            self.conn, processor_id=self.processor_id, driver_id=self.driver_id, epoch=self.epoch,
+            self.conn, processor_id=self.processor_id, driver_id=driver_id, epoch=epoch,
             queue=self.config.queue, output_table=self.config.output_table, batch_size=self.config.batch_size,
             lease_s=self.config.lease_s, default_max_attempts=self.config.retry_policy.max_attempts,
             on_step=self.on_step)
@@ -259,7 +270,7 @@ class Consumer:
                 self.on_step(STEP_DURING_PROCESSING)
         except BatchFailed as exc:
             try:
-                failed = delivery.fail_snapshot(self.conn, snapshot, epoch=self.epoch, error=str(exc),
+                failed = delivery.fail_snapshot(self.conn, snapshot, epoch=self.identity[1], error=str(exc),
                                                 traceback=exc.traceback, retry_policy=self.config.retry_policy,
                                                 job_errors=exc.job_errors)
             except DriverReplaced:
@@ -275,7 +286,7 @@ class Consumer:
             return
         try:
             outcome = delivery.deliver(
-                self.conn, snapshot, epoch=self.epoch, columns=result.columns, rows=result.rows,
+                self.conn, snapshot, epoch=self.identity[1], columns=result.columns, rows=result.rows,
                 failed_jobs=result.failed, error_queue=self.config.error_queue,
                 retry_policy=self.config.retry_policy, results_schema=self.config.results_schema,
                 on_step=self.on_step)

@@ -32,6 +32,7 @@ from psycopg import sql as pgsql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from outboxq.db import DictConnection, one_row
 from outboxq.errors import InvalidInput, LeaseLost, OutputTableMismatch
 from outboxq.queue import sql as job_sql
 from outboxq.queue.backoff import RetryPolicy
@@ -117,21 +118,21 @@ def validate_output_table(name: str) -> str:
     return name
 
 
-def take_driver_slot(conn: psycopg.Connection, processor_id: str, *, max_slots: int = 10_000) -> str:
+def take_driver_slot(conn: DictConnection, processor_id: str, *, max_slots: int = 10_000) -> str:
     """A driver id of the processor no live driver holds: ``<processor_id>#<slot>``, the lowest free slot.
 
     The slot is a session lock of ``conn``: it is the driver's for as long as that connection lives, and a
     driver restarted after a crash gets the same id back (and so adopts its predecessor's snapshots at once).
     """
     for slot in range(max_slots):
-        row = _execute(conn, spark_sql.spark_driver_try_slot, {"processor_id": processor_id, "slot": slot}).fetchone()
+        row = one_row(_execute(conn, spark_sql.spark_driver_try_slot, {"processor_id": processor_id, "slot": slot}))
         conn.commit()
         if row["taken"]:
             return f"{processor_id}#{slot}"
     raise InvalidInput(f"processor {processor_id!r} has {max_slots} drivers running already")
 
 
-def release_driver_slot(conn: psycopg.Connection, driver_id: str, processor_id: str) -> None:
+def release_driver_slot(conn: DictConnection, driver_id: str, processor_id: str) -> None:
     """Give back the slot take_driver_slot() gave `driver_id` on `conn` (before closing it), so that a driver
     restarted at once gets the same id back; an error is ignored (the slot goes when the connection does)."""
     prefix = f"{processor_id}#"
@@ -148,15 +149,15 @@ def release_driver_slot(conn: psycopg.Connection, driver_id: str, processor_id: 
                  driver_id, exc)
 
 
-def register_driver(conn: psycopg.Connection, driver_id: str, processor_id: str) -> int:
+def register_driver(conn: DictConnection, driver_id: str, processor_id: str) -> int:
     """Bump the driver's fencing epoch (committed) and return it; its older epochs are fenced from now on."""
     with conn.transaction():
-        row = _execute(conn, spark_sql.spark_driver_bump_epoch,
-                       {"driver_id": driver_id, "processor_id": processor_id}).fetchone()
+        row = one_row(_execute(conn, spark_sql.spark_driver_bump_epoch,
+                               {"driver_id": driver_id, "processor_id": processor_id}))
     return int(row["epoch"])
 
 
-def _check_epoch(conn: psycopg.Connection, driver_id: str, epoch: int) -> None:
+def _check_epoch(conn: DictConnection, driver_id: str, epoch: int) -> None:
     row = _execute(conn, spark_sql.spark_driver_lock_epoch, {"driver_id": driver_id}).fetchone()
     current = None if row is None else int(row["epoch"])
     if current != epoch:
@@ -165,7 +166,8 @@ def _check_epoch(conn: psycopg.Connection, driver_id: str, epoch: int) -> None:
         )
 
 
-def _execute(conn: psycopg.Connection, query: Any, params: Mapping[str, Any] | None = None) -> psycopg.Cursor:
+def _execute(conn: psycopg.Connection[Any], query: Any,
+             params: Mapping[str, Any] | None = None) -> psycopg.Cursor[dict[str, Any]]:
     """Run a statement on a dict-row cursor, whatever the connection's own row factory is."""
     return conn.cursor(row_factory=dict_row).execute(query, params)
 
@@ -177,7 +179,7 @@ def _jobs_from_rows(rows: Iterable[Mapping[str, Any]]) -> list[SnapshotJob]:
 
 
 def claim_snapshot(
-    conn: psycopg.Connection,
+    conn: DictConnection,
     *,
     processor_id: str,
     driver_id: str,
@@ -222,7 +224,7 @@ def claim_snapshot(
 
 
 def adopt_snapshots(
-    conn: psycopg.Connection,
+    conn: DictConnection,
     *,
     processor_id: str,
     driver_id: str,
@@ -258,9 +260,9 @@ def adopt_snapshots(
                 _execute(conn, spark_sql.spark_snapshot_mark_failed,
                          {"id": row["id"], "lease_token": row["lease_token"], "error": error})
                 continue
-            new_epoch = _execute(conn, spark_sql.spark_snapshot_adopt, {
+            new_epoch = one_row(_execute(conn, spark_sql.spark_snapshot_adopt, {
                 "id": row["id"], "lease_token": row["lease_token"], "new_lease_token": new_lease_token,
-                "driver_id": driver_id, "lease_s": lease_s}).fetchone()["epoch"]
+                "driver_id": driver_id, "lease_s": lease_s}))["epoch"]
             jobs = _jobs_from_rows(_execute(conn, spark_sql.spark_jobs_read_for_snapshot,
                                             {"ids": job_ids, "lease_token": new_lease_token}).fetchall())
             adopted.append(Snapshot(
@@ -271,14 +273,14 @@ def adopt_snapshots(
     return adopted
 
 
-def count_undelivered(conn: psycopg.Connection, processor_id: str) -> int:
+def count_undelivered(conn: DictConnection, processor_id: str) -> int:
     """How many snapshots of the processor are claimed and not yet delivered (by any of its drivers)."""
     with conn.transaction():
-        row = _execute(conn, spark_sql.spark_snapshot_count_claimed, {"processor_id": processor_id}).fetchone()
+        row = one_row(_execute(conn, spark_sql.spark_snapshot_count_claimed, {"processor_id": processor_id}))
     return int(row["claimed"])
 
 
-def extend_lease(conn: psycopg.Connection, snapshot: Snapshot, lease_s: float) -> bool:
+def extend_lease(conn: DictConnection, snapshot: Snapshot, lease_s: float) -> bool:
     """Renew the lease of the snapshot and its jobs (committed); False when the snapshot was adopted."""
     with conn.transaction():
         held = _execute(conn, spark_sql.spark_snapshot_extend_lease, {
@@ -313,7 +315,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def ensure_output_table(conn: psycopg.Connection, table: str, columns: Sequence[tuple[str, str]],
+def ensure_output_table(conn: DictConnection, table: str, columns: Sequence[tuple[str, str]],
                         schema: str = DEFAULT_RESULTS_SCHEMA) -> None:
     """Create schema.table from the result columns plus delivery_hash, or check the existing one."""
     validate_output_table(table)
@@ -346,7 +348,7 @@ def ensure_output_table(conn: psycopg.Connection, table: str, columns: Sequence[
 
 
 def deliver(
-    conn: psycopg.Connection,
+    conn: DictConnection,
     snapshot: Snapshot,
     *,
     epoch: int,
@@ -416,7 +418,7 @@ def _failed_summary(failed_jobs: Mapping[int, str]) -> str | None:
 
 
 def _fail_jobs(
-    conn: psycopg.Connection,
+    conn: DictConnection,
     snapshot: Snapshot,
     failed_jobs: Mapping[int, str],
     *,
@@ -449,7 +451,7 @@ def _fail_jobs(
 
 
 def fail_snapshot(
-    conn: psycopg.Connection,
+    conn: DictConnection,
     snapshot: Snapshot,
     *,
     epoch: int,

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from outboxq.errors import BatchFailed, InvalidInput
 from outboxq.spark_jobs.delivery import SnapshotJob, describe_exception
@@ -164,7 +164,8 @@ class PythonEngine:
         kwargs = {"delivery_hash": delivery_hash} if self._pass_hash else {}
 
         def attempt(subset: Sequence[SnapshotJob]) -> tuple[list[tuple[str, str]], list[Sequence[Any]]]:
-            records = list(self.function([json.loads(j.row_json) for j in subset], **kwargs))
+            # (only jobs whose payload is a JSON object reach the engine: their row_json is set)
+            records = list(self.function([json.loads(cast(str, j.row_json)) for j in subset], **kwargs))
             columns = _python_columns(records)
             return columns, [[record.get(name) for name, _ in columns] for record in records]
 
@@ -234,7 +235,7 @@ class SparkEngine:
         import pyarrow
         from pyspark.sql import functions as F
 
-        lines = [j.row_json for j in jobs]
+        lines = [cast(str, j.row_json) for j in jobs]  # (JSON objects only, as above)
         if self.declared_schema is not None:
             schema = with_job_fields(self.declared_schema)
         else:
@@ -259,7 +260,7 @@ def with_job_fields(schema: Any) -> Any:
     """A declared payload schema (DDL string or StructType) plus the job_id and queue every row carries."""
     from pyspark.sql import types as T
 
-    struct = T._parse_datatype_string(schema) if isinstance(schema, str) else schema
+    struct = cast(T.StructType, T._parse_datatype_string(schema) if isinstance(schema, str) else schema)
     names = set(struct.fieldNames())
     extra = [T.StructField(name, kind) for name, kind in (("job_id", T.LongType()), ("queue", T.StringType()))
              if name not in names]

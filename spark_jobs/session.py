@@ -82,7 +82,7 @@ def ship_to_executors(spark: SparkSession, function: Callable[..., Any]) -> str 
     file, a module of a package as a zip of its top-level package. Installed packages (site-packages) and
     outboxq itself are not shipped: they belong to the executors' Python environment.
     """
-    if is_local_master(spark.sparkContext.master):
+    if is_local_master(spark.sparkContext.master or "local"):  # (pyspark types master as optional; it is set)
         return None  # the executors are this process's threads: they import what the driver imports
     top = function.__module__.partition(".")[0]
     module = sys.modules.get(top)

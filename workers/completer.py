@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import psycopg
 
+from outboxq.db import DictConnection
 from outboxq.queue import sql
 from outboxq.workers.executor import Outcome
 from outboxq.workers.state import RECONNECT_DELAY_S, WorkerState
@@ -21,14 +22,14 @@ log = logging.getLogger("outboxq.worker")
 class Completer:
     """Writes outcomes back (its own thread and connection)."""
 
-    def __init__(self, state: WorkerState, claim_into_freed_slots: Callable[[psycopg.Connection, list[Outcome]], set[str]]):
+    def __init__(self, state: WorkerState, claim_into_freed_slots: Callable[[DictConnection, list[Outcome]], set[str]]):
         self.state = state
         self.claim_into_freed_slots = claim_into_freed_slots  # the dispatcher's, run in the completer's transaction
 
     def loop(self) -> None:
         """Write outcomes until the worker has finished and every outcome is written."""
         s = self.state
-        conn: psycopg.Connection | None = None
+        conn: DictConnection | None = None
         pending: list[Outcome] = []
         give_up_at: float | None = None
         while True:
@@ -70,7 +71,7 @@ class Completer:
         if conn is not None:
             conn.close()
 
-    def write(self, conn: psycopg.Connection, outcomes: list[Outcome]) -> None:
+    def write(self, conn: DictConnection, outcomes: list[Outcome]) -> None:
         """Write every outcome in one transaction: one statement completes all the successes."""
         s = self.state
         to_complete = [o for o in outcomes if o.succeeded and not o.completed_in_transaction and not o.fenced]
@@ -106,13 +107,13 @@ class Completer:
         if to_fail:
             decisions = [o.job.consumer.retry_policy(s.settings).decide(o.job.attempts, o.job.max_attempts)
                          for o in to_fail]
-            rows = {r["id"]: r for r in conn.execute(sql.job_fail_batch, {
+            failed_rows = {r["id"]: r for r in conn.execute(sql.job_fail_batch, {
                 "ids": [o.job.id for o in to_fail], "lease_tokens": [o.job.lease_token for o in to_fail],
                 "statuses": [status for status, _ in decisions], "delays": [delay for _, delay in decisions],
                 "errors": [o.error or "failed" for o in to_fail], "tracebacks": [o.traceback for o in to_fail],
                 "mark_failing": True,
             }).fetchall()}
-            failed_writes += [(o, rows.get(o.job.id)) for o in to_fail]
+            failed_writes += [(o, failed_rows.get(o.job.id)) for o in to_fail]
         succeeded_queues = {o.job.queue for o in outcomes if o.succeeded and not o.fenced}
         for queue_name in succeeded_queues & s.failing_queues:
             conn.execute(sql.queue_mark_healthy, {"queue": queue_name})
@@ -126,16 +127,17 @@ class Completer:
             else:
                 self._log_fenced(o, "completion")
         for o, row in failed_writes:
+            job_log = o.job.ctx.log if o.job.ctx is not None else log
             if row is None:
                 self._log_fenced(o, "cancel" if o.cancelled else "failure")
             elif o.cancelled:
                 s.stats["cancelled"] += 1
             elif o.snooze_s is not None:
-                o.job.ctx.log.info("job %s snoozed for %g s", o.job.id, o.snooze_s)
+                job_log.info("job %s snoozed for %g s", o.job.id, o.snooze_s)
             else:
                 s.stats["failed"] += 1
-                o.job.ctx.log.warning("job %s attempt %d failed (%s): now %s", o.job.id, o.job.attempts,
-                                      o.error, row["status"])
+                job_log.warning("job %s attempt %d failed (%s): now %s", o.job.id, o.job.attempts, o.error,
+                                row["status"])
         for o in outcomes:
             if o.fenced:
                 self._log_fenced(o, "effects")

@@ -9,6 +9,8 @@ import threading
 import psycopg
 from psycopg.rows import dict_row
 
+from outboxq.db import DictConnection
+
 RECONNECT_DELAY_S = 0.5
 
 
@@ -32,18 +34,18 @@ class ConnectedThread:
         self._stopping.set()
         self.thread.join(timeout=timeout)
 
-    def step(self, conn: psycopg.Connection) -> float:
+    def step(self, conn: DictConnection) -> float:
         """Do one bounded piece of work; the seconds to wait before the next one."""
         raise NotImplementedError
 
-    def connected(self, conn: psycopg.Connection) -> None:
+    def connected(self, conn: DictConnection) -> None:
         """Called after each (re)connect."""
 
     def disconnected(self) -> None:
         """Called after the connection was lost or closed."""
 
     def _run(self) -> None:
-        conn: psycopg.Connection | None = None
+        conn: DictConnection | None = None
         while not self._stopping.is_set():
             try:
                 if conn is None or conn.closed:

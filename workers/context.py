@@ -39,7 +39,7 @@ class JobContext:
         lease_token: uuid.UUID,
         consumer_id: str,
         captured_context: dict[str, Any] | None = None,
-        connection_factory: Callable[[], psycopg.Connection] | None = None,
+        connection_factory: Callable[[], psycopg.Connection[Any]] | None = None,
     ):
         self.job_id = job_id
         self.queue = queue
@@ -97,7 +97,7 @@ class JobContext:
             raise LeaseLost(f"job {self.job_id}: this worker no longer holds its lease; progress not recorded")
 
     @contextmanager
-    def transaction(self) -> Iterator[psycopg.Connection]:
+    def transaction(self) -> Iterator[psycopg.Connection[Any]]:
         """A transaction in which the handler's writes and the job's completion commit together.
 
         The job's row is locked first, and only if this worker still holds the lease; otherwise LeaseLost

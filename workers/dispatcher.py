@@ -10,6 +10,7 @@ from typing import Any
 
 import psycopg
 
+from outboxq.db import DictConnection
 from outboxq.queue import limits as flow_limits
 from outboxq.queue import sql
 from outboxq.queue.sql import limits as limits_sql
@@ -36,7 +37,7 @@ class Dispatcher:
     def loop(self) -> None:
         """Claim until the worker stops."""
         s = self.state
-        conn: psycopg.Connection | None = None
+        conn: DictConnection | None = None
         while not s.stopping.is_set():
             try:
                 if conn is None or conn.closed:
@@ -96,7 +97,7 @@ class Dispatcher:
 
     # ------------------------------------------------------------------ flow control (outboxq.queue.limits)
 
-    def read_limits(self, conn: psycopg.Connection) -> None:
+    def read_limits(self, conn: DictConnection) -> None:
         """Declare this worker's consumers' limits (at start), then read the limits of its queues."""
         s = self.state
         if self._limits_read_at is None:
@@ -126,7 +127,7 @@ class Dispatcher:
         with s.lock:
             return min(room, s.concurrency - len(s.in_flight))
 
-    def claim_into_freed_slots(self, conn: psycopg.Connection, outcomes: list[Outcome]) -> set[str]:
+    def claim_into_freed_slots(self, conn: DictConnection, outcomes: list[Outcome]) -> set[str]:
         """Refill the slots of concurrency-bound queues whose jobs just ended, in the transaction that frees them
         (the completer calls this): one commit and one hand-off to the dispatcher fewer between a job's end and
         the next one's start. Returns the queues whose freed slots were all refilled."""
@@ -150,7 +151,7 @@ class Dispatcher:
                     refilled.add(queue_name)
         return refilled
 
-    def claim_limited(self, conn: psycopg.Connection, consumer: Consumer, limits: flow_limits.QueueLimits,
+    def claim_limited(self, conn: DictConnection, consumer: Consumer, limits: flow_limits.QueueLimits,
                       limit: int) -> list[ClaimedJob]:
         """Claim up to `limit` jobs of a limited queue, within its limits (committed).
 
@@ -174,7 +175,7 @@ class Dispatcher:
             jobs.sort(key=lambda job: turn[job.id])
         return jobs
 
-    def claim(self, conn: psycopg.Connection, consumer: Consumer, limit: int,
+    def claim(self, conn: DictConnection, consumer: Consumer, limit: int,
               statement: str = sql.job_claim_batch, params: dict[str, Any] | None = None,
               rows_out: list[dict[str, Any]] | None = None) -> list[ClaimedJob]:
         """Claim up to `limit` jobs of the consumer's queue under a fresh lease token (committed)."""

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import psycopg
 
+from outboxq.db import DictConnection
 from outboxq.queue import sql
 from outboxq.workers import executor
 from outboxq.workers.executor import ClaimedJob, Outcome
@@ -29,7 +30,7 @@ class Heartbeat:
     def loop(self) -> None:
         """Renew leases and watch handlers until the worker has finished."""
         s = self.state
-        conn: psycopg.Connection | None = None
+        conn: DictConnection | None = None
         min_lease = min(c.effective_lease_s(s.settings) for c in s.consumers.values())
         heartbeat_every = max(0.05, min_lease / 3)
         tick = max(0.05, min(0.5, heartbeat_every))
@@ -54,7 +55,7 @@ class Heartbeat:
         if conn is not None:
             conn.close()
 
-    def renew(self, conn: psycopg.Connection) -> None:
+    def renew(self, conn: DictConnection) -> None:
         """Renew the leases of running jobs; flag the jobs whose lease was taken away, abandon cancelled ones."""
         s = self.state
         with s.lock:

@@ -84,12 +84,12 @@ class WorkerMetrics:
         yield family
         histogram = HistogramMetricFamily("outboxq_worker_handler_duration_seconds", "Handler run time, by queue",
                                           labels=["queue"])
-        for queue, counts in sorted(durations.items()):
+        for queue, histogram_counts in sorted(durations.items()):
             cumulative, buckets = 0.0, []
-            for bound, n in zip([*map(str, DURATION_BUCKETS_S), "+Inf"], counts[:-1], strict=True):
-                cumulative += n
+            for bound, in_bucket in zip([*map(str, DURATION_BUCKETS_S), "+Inf"], histogram_counts[:-1], strict=True):
+                cumulative += in_bucket
                 buckets.append((bound, cumulative))
-            histogram.add_metric([queue], buckets, counts[-1])
+            histogram.add_metric([queue], buckets, histogram_counts[-1])
         yield histogram
         yield GaugeMetricFamily("outboxq_worker_jobs_in_flight", "Jobs this worker holds the lease of",
                                 value=self._in_flight())

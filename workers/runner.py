@@ -27,9 +27,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import psycopg
-
-from outboxq.db import database_url, url_in_schema
+from outboxq.db import DictConnection, database_url, url_in_schema
 from outboxq.queue import limits as flow_limits
 from outboxq.queue import sql
 from outboxq.queue.schema import CANCEL_NOTICE
@@ -210,20 +208,20 @@ class Worker:
 
     # ------------------------------------------------------------------ one step at a time (app/testing.py, tests)
 
-    def connect(self) -> psycopg.Connection[Any]:
+    def connect(self) -> DictConnection:
         """A new connection of the worker's."""
         return self.state.connect()
 
-    def claim(self, conn: psycopg.Connection, consumer: Consumer, limit: int,
+    def claim(self, conn: DictConnection, consumer: Consumer, limit: int,
               statement: str = sql.job_claim_batch, params: dict[str, Any] | None = None) -> list[ClaimedJob]:
         """Claim up to `limit` jobs of the consumer's queue under a fresh lease token (committed)."""
         return self.dispatcher.claim(conn, consumer, limit, statement, params)
 
-    def claim_limited(self, conn: psycopg.Connection, consumer: Consumer, limits: flow_limits.QueueLimits,
+    def claim_limited(self, conn: DictConnection, consumer: Consumer, limits: flow_limits.QueueLimits,
                       limit: int) -> list[ClaimedJob]:
         """Claim up to `limit` jobs of a limited queue, within its limits (committed)."""
         return self.dispatcher.claim_limited(conn, consumer, limits, limit)
 
-    def write_outcomes(self, conn: psycopg.Connection, outcomes: list[Outcome]) -> None:
+    def write_outcomes(self, conn: DictConnection, outcomes: list[Outcome]) -> None:
         """Write every outcome in one transaction (the completer's write)."""
         self.completer.write(conn, outcomes)

@@ -18,8 +18,7 @@ import logging
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
-import psycopg
-
+from outboxq.db import DictConnection, one_row
 from outboxq.queue.enqueue import enqueue
 from outboxq.queue.sql import schedules as periodic_sql
 from outboxq.workers.connected_thread import ConnectedThread
@@ -42,17 +41,17 @@ class Scheduler(ConnectedThread):
         self.started_at: datetime | None = None  # the database's clock when this scheduler first wrote
         self.enqueued = 0
 
-    def connected(self, conn: psycopg.Connection) -> None:
+    def connected(self, conn: DictConnection) -> None:
         """Write this worker's schedules at each (re)connect."""
         self.declare(conn)
 
-    def step(self, conn: psycopg.Connection) -> float:
+    def step(self, conn: DictConnection) -> float:
         """One tick."""
         return self.tick(conn)
 
-    def declare(self, conn: psycopg.Connection) -> None:
+    def declare(self, conn: DictConnection) -> None:
         """Write this worker's schedules (committed); the first call sets started_at."""
-        now = conn.execute(periodic_sql.schedule_soonest, {"names": []}).fetchone()["now"]
+        now = one_row(conn.execute(periodic_sql.schedule_soonest, {"names": []}))["now"]
         for s in self.schedules.values():
             conn.execute(periodic_sql.schedule_upsert, {
                 "name": s.name, "queue": s.queue, "spec": s.spec, "timezone": s.timezone, "missed": s.missed,
@@ -62,9 +61,9 @@ class Scheduler(ConnectedThread):
         if self.started_at is None:
             self.started_at = now
 
-    def tick(self, conn: psycopg.Connection) -> float:
+    def tick(self, conn: DictConnection) -> float:
         """Enqueue what is due; the seconds until the next slot (at most MAX_SLEEP_S)."""
-        row = conn.execute(periodic_sql.schedule_soonest, {"names": list(self.schedules)}).fetchone()
+        row = one_row(conn.execute(periodic_sql.schedule_soonest, {"names": list(self.schedules)}))
         conn.commit()
         if row["soonest"] is None:
             return MAX_SLEEP_S
@@ -74,7 +73,7 @@ class Scheduler(ConnectedThread):
         self.run_due(conn)
         return 0.0
 
-    def run_due(self, conn: psycopg.Connection) -> int:
+    def run_due(self, conn: DictConnection) -> int:
         """Enqueue the due slots of every due schedule not locked by another worker (committed); how many."""
         assert self.started_at is not None
         missed_before = self.started_at - timedelta(seconds=MISSED_GRACE_S)

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import queue as queue_module
 import threading
-from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
 
+from outboxq.db import DictConnection
 from outboxq.queue import limits as flow_limits
 from outboxq.settings import Settings
 from outboxq.workers.executor import AsyncLoop, ClaimedJob, Outcome
@@ -68,11 +68,11 @@ class WorkerState:
         self.stats = {"claimed": 0, "completed": 0, "failed": 0, "fenced": 0, "cancelled": 0}
         self._local = threading.local()
 
-    def connect(self) -> psycopg.Connection[Any]:
+    def connect(self) -> DictConnection:
         """A new connection of the worker's (dict rows)."""
         return psycopg.connect(self.url, row_factory=dict_row)
 
-    def thread_connection(self) -> psycopg.Connection[Any]:
+    def thread_connection(self) -> DictConnection:
         """A connection owned by the calling handler thread (for ctx.transaction())."""
         conn = getattr(self._local, "conn", None)
         if conn is None or conn.closed:

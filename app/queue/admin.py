@@ -174,7 +174,7 @@ class HealthMonitor:
             self.on_error(report)
         if not self._was_healthy and report["healthy"] and self.on_recovered:
             self.on_recovered(report)
-        self._was_healthy = report["healthy"]
+        self._was_healthy = bool(report["healthy"])
         return report
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from outboxq.settings import Settings
@@ -22,7 +22,7 @@ class RetryPolicy:
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: float | int | None) -> RetryPolicy:
         """The settings' default policy, with the overrides that are not None."""
-        values = {"max_attempts": settings.max_attempts, "backoff_base": settings.backoff_base,
+        values: dict[str, Any] = {"max_attempts": settings.max_attempts, "backoff_base": settings.backoff_base,
                   "backoff_max": settings.backoff_max, "jitter": settings.backoff_jitter}
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)

@@ -222,6 +222,7 @@ def _run_plan(conn: Any, plan: Plan) -> Any:
         return done.value
     pg = psycopg_connection(conn)
     schema = get_settings().db_schema
+    result: Any
     with pg.cursor(row_factory=dict_row) as cur:
         while True:
             if isinstance(step, Copy):
@@ -249,6 +250,7 @@ async def _run_plan_async(conn: Any, plan: Plan) -> Any:
         return done.value
     pg = await async_psycopg_connection(conn)
     schema = get_settings().db_schema
+    result: Any
     async with pg.cursor(row_factory=dict_row) as cur:
         while True:
             if isinstance(step, Copy):
@@ -275,9 +277,8 @@ async def _run_plan_async(conn: Any, plan: Plan) -> Any:
 def _resolve_dependencies(depends_on: Iterable[Sequence[str]], on_failure: str = "wait"
                           ) -> Generator[Statement, Any, tuple[list[int], JobStatus, str | None]]:
     wanted: list[tuple[str, str]] = []
-    for pair in depends_on:
-        if isinstance(pair, dict):
-            pair = (pair.get("queue"), pair.get("key"))
+    for entry in depends_on:
+        pair: Any = (entry.get("queue"), entry.get("key")) if isinstance(entry, dict) else entry
         if not isinstance(pair, list | tuple) or len(pair) != 2:
             raise InvalidInput(f"each depends_on entry must be a (queue, key) pair, not {pair!r}")
         wanted.append((validate_queue_name(pair[0]), validate_key(pair[1]) or ""))
@@ -335,7 +336,7 @@ def _enqueue_plan(
     if hooks is not None and hooks.depends_on is not None:
         depends_on = [*depends_on, *hooks.depends_on(payload)]
     context = job_context.capture(queue)
-    if window_s is not None:
+    if window_s is not None and key is not None:  # (a window is only accepted with a key)
         holders = yield from _recent_with_keys(queue, [key], window_s)
         if holders:
             return _on_conflict(on_conflict, queue, holders[key])
@@ -410,8 +411,9 @@ def _enqueue_many_plan(
         return []
     encoded = [encode_payload(queue, p, registry) for p in payloads]
     context = job_context.capture(queue)
-    options = {"priority": priority, "run_at": run_at, "delay_s": delay_s, "max_attempts": max_attempts,
-               "context": context}
+    options: dict[str, Any] = {"priority": priority, "run_at": run_at, "delay_s": delay_s,
+                               "max_attempts": max_attempts, "context": context}
+    results: list[Any]
     if all(k is None for k in key_list):
         results = yield from _copy_jobs(queue, encoded, limit_keys=limit_key_list, **options)
     else:
@@ -598,7 +600,7 @@ def _insert_keyed_jobs(
         },
     )
     inserted = {r["key"]: r for r in rows if r["key"] is not None}
-    refused = [key_list[i] for i in to_write if key_list[i] is not None and key_list[i] not in inserted]
+    refused = [k for k in (key_list[i] for i in to_write) if k is not None and k not in inserted]
     if refused:
         if on_conflict == "raise":
             # A key was held: undo this call's rows so the caller's transaction stays whole.

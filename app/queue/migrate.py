@@ -12,6 +12,7 @@ from alembic.script import ScriptDirectory
 from psycopg.rows import tuple_row
 
 import outboxq.migrations
+from outboxq.db import one_row
 from outboxq.errors import SchemaOutOfDate
 from outboxq.queue import sql
 from outboxq.queue.schema import VERSION_TABLE
@@ -56,7 +57,7 @@ def revision_on(conn: psycopg.Connection, schema: str | None = None) -> str | No
     version_table = f'"{schema or get_settings().db_schema}".{VERSION_TABLE}'
     with conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(sql.schema_version_exists, {"table": version_table})
-        if not cur.fetchone()[0]:
+        if not one_row(cur)[0]:
             return None
         cur.execute(sql.qualified(sql.schema_version_get, schema or get_settings().db_schema))
         row = cur.fetchone()

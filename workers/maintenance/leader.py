@@ -15,8 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import psycopg
-
+from outboxq.db import DictConnection, one_row
 from outboxq.queue import sql
 from outboxq.queue.backoff import RetryPolicy
 from outboxq.registry import Registry, default_registry
@@ -35,13 +34,13 @@ class Service:
     """A maintenance pass with its own interval; `run(conn)` does a bounded amount of work and returns
     True when it left work behind (it then runs again after `backlog_interval_s`)."""
 
-    def __init__(self, name: str, run: Callable[[psycopg.Connection], bool], interval_s: float,
+    def __init__(self, name: str, run: Callable[[DictConnection], bool], interval_s: float,
                  backlog_interval_s: float | None = None):
         self.name, self.run, self.interval_s = name, run, interval_s
         self.backlog_interval_s = interval_s if backlog_interval_s is None else backlog_interval_s
         self.due = 0.0
 
-    def tick(self, conn: psycopg.Connection, now: float) -> None:
+    def tick(self, conn: DictConnection, now: float) -> None:
         """Run the pass if it is due, and schedule the next one."""
         if now < self.due:
             return
@@ -49,12 +48,12 @@ class Service:
         self.due = time.monotonic() + (self.backlog_interval_s if more else self.interval_s)
 
 
-def _promote(conn: psycopg.Connection) -> bool:
+def _promote(conn: DictConnection) -> bool:
     promote.run_once(conn)
     return False
 
 
-def _prune(conn: psycopg.Connection) -> bool:
+def _prune(conn: DictConnection) -> bool:
     return prune.run_once(conn, max_batches=1) >= prune.BATCH_LIMIT
 
 
@@ -62,7 +61,7 @@ def default_services(poll_interval: float,
                      policy_of: Callable[[str], RetryPolicy] = rescue.policy_of_queue) -> list[Service]:
     """Rescue and promote every poll interval, prune every minute (one batch per tick while it has a backlog);
     rescue decides each job's fate with `policy_of(queue)`."""
-    def _rescue(conn: psycopg.Connection) -> bool:
+    def _rescue(conn: DictConnection) -> bool:
         return len(rescue.run_once(conn, policy_of=policy_of)) >= rescue.BATCH_LIMIT
 
     return [
@@ -84,7 +83,7 @@ class Maintenance(ConnectedThread):
             self.poll_interval, rescue.policies_of(registry or default_registry, settings))
         self.is_leader = False
 
-    def step(self, conn: psycopg.Connection) -> float:
+    def step(self, conn: DictConnection) -> float:
         """Lead if nobody does; while leading, run the services that are due."""
         if not self.is_leader:
             self._set_leader(self._try_lead(conn))
@@ -92,7 +91,7 @@ class Maintenance(ConnectedThread):
             self._tick(conn)
         return self._sleep_s()
 
-    def connected(self, conn: psycopg.Connection) -> None:
+    def connected(self, conn: DictConnection) -> None:
         """A new connection holds no lock yet."""
         self._set_leader(False)
 
@@ -100,8 +99,8 @@ class Maintenance(ConnectedThread):
         """A closed connection released the lock: another worker leads from its next try."""
         self._set_leader(False)
 
-    def _try_lead(self, conn: psycopg.Connection) -> bool:
-        row = conn.execute(sql.maintenance_leader_try, {"name": self._lock_name()}).fetchone()
+    def _try_lead(self, conn: DictConnection) -> bool:
+        row = one_row(conn.execute(sql.maintenance_leader_try, {"name": self._lock_name()}))
         conn.commit()
         return bool(row["leader"])
 
@@ -109,7 +108,7 @@ class Maintenance(ConnectedThread):
         # One leader per outboxq instance: instances in other schemas of the database have their own.
         return f"outboxq_maintenance:{self.settings.db_schema}"
 
-    def _tick(self, conn: psycopg.Connection) -> None:
+    def _tick(self, conn: DictConnection) -> None:
         for service in self.services:
             if self._stopping.is_set():
                 return

@@ -28,6 +28,8 @@ def readiness(request: Request) -> JSONResponse:
     """Ready when the database answers and its schema is current; 503 otherwise."""
     pool = api_state(request).pool
     try:
+        if pool is None:  # the router's lifespan has not opened it (yet)
+            raise RuntimeError("no connection pool")
         with pool.connection(timeout=READINESS_TIMEOUT_S) as conn:
             revision = revision_on(conn)
     except Exception as exc:  # any failure to reach the database means: not ready
