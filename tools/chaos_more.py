@@ -140,7 +140,7 @@ class _WorkerScenario(Scenario):
         return subprocess.Popen(
             [sys.executable, "-m", "outboxq.cli", "--log-level", "WARNING", "worker", "--handlers", self.handlers,
              "--concurrency", "4", "--batch-size", "20"],
-            env={**self._env(), "PGAPPNAME": WORKER_APP_NAME}, cwd=ROOT, stdout=log, stderr=log,
+            env={**self._env(), "PGAPPNAME": f"{WORKER_APP_NAME}:{index}"}, cwd=ROOT, stdout=log, stderr=log,
         )
 
     def start_workers(self) -> None:
@@ -151,15 +151,31 @@ class _WorkerScenario(Scenario):
         with psycopg.connect(self.url) as conn:
             return conn.execute("SELECT clock_timestamp()").fetchone()[0]
 
-    # -- added faults
+    # -- faults: the workers' application names are WORKER_APP_NAME:index, so that the leader can be found
+    def _fault_terminate(self) -> None:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE %s",
+                         (f"{WORKER_APP_NAME}:%",))
+
+    def _leader(self) -> subprocess.Popen | None:
+        """The worker whose maintenance thread holds the advisory lock (it alone rescues expired leases)."""
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                "WHERE l.locktype = 'advisory' AND l.granted AND a.application_name LIKE %s LIMIT 1",
+                (f"{WORKER_APP_NAME}:%",)).fetchone()
+        return self.workers[int(row[0].rsplit(":", 1)[1])] if row else None
+
     def _fault_pause(self) -> None:
-        """Freeze a worker holding running jobs just past its lease (a long GC pause, a stalled VM), resume it."""
+        """Freeze a worker just past its lease (a long GC pause, a stalled VM), then resume it: every other
+        time the maintenance leader (nobody rescues its expired leases meanwhile), else a worker holding jobs."""
         by_pid = {w.pid: w for w in self.workers}
         with psycopg.connect(self.url, autocommit=True) as conn:
             holders = [int(r[0].split(":")[1]) for r in conn.execute(
                 "SELECT DISTINCT worker_id FROM outboxq_jobs WHERE status = 'running'").fetchall()]
         candidates = [by_pid[pid] for pid in holders if pid in by_pid]
-        worker = self.rng.choice(candidates or self.workers)
+        leader = self._leader() if self.report.faults["pause"] % 2 == 0 else None
+        worker = leader or self.rng.choice(candidates or self.workers)
         worker.send_signal(signal.SIGSTOP)
         time.sleep(CHAOS_LEASE_S + 0.3 + self.rng.random() * 1.5)
         worker.send_signal(signal.SIGCONT)
@@ -181,8 +197,8 @@ class _WorkerScenario(Scenario):
         deadline = time.monotonic() + 60
         with psycopg.connect(self.url, autocommit=True) as conn:
             while time.monotonic() < deadline:
-                row = conn.execute("SELECT min(backend_start) FROM pg_stat_activity WHERE application_name = %s",
-                                   (WORKER_APP_NAME,)).fetchone()
+                row = conn.execute("SELECT min(backend_start) FROM pg_stat_activity WHERE application_name LIKE %s",
+                                   (f"{WORKER_APP_NAME}:%",)).fetchone()
                 if row[0] is not None:
                     return row[0]
                 time.sleep(0.05)
@@ -309,6 +325,20 @@ LEASE_LOG_DDL = [
           OR OLD.lease_expires_at IS DISTINCT FROM NEW.lease_expires_at)
     EXECUTE FUNCTION chaos_log_lease()""",
 ]
+
+
+def renewed_after_expiry(events: list[tuple]) -> int:
+    """How many times a lease was renewed (same token, still running) after it had expired: a frozen worker's
+    heartbeat reviving a lease whose slot the claims already counted as free."""
+    last: dict[int, tuple] = {}
+    revived = 0
+    for job_id, _, status, token, expires, at in events:
+        before = last.get(job_id)
+        if (before is not None and status == "running" and before[0] == "running" and before[1] == token
+                and token is not None and before[2] is not None and at > before[2]):
+            revived += 1
+        last[job_id] = (status, token, expires)
+    return revived
 
 
 def lease_segments(events: list[tuple]) -> dict[tuple[int, int], list[tuple[datetime, datetime]]]:
@@ -468,6 +498,7 @@ class LimitsScenario(_WorkerScenario):
                 r.problems.append(f"{label}: the limit {limit} was never reached (the check proves nothing)")
         r.details.append(("attempts recorded (without an end: killed, frozen or cut)", f"{len(runs)} ({open_ended})"))
         r.details.append(("fenced (zombie) writes refused", self.report.zombie_writes_refused))
+        r.details.append(("leases renewed after they had expired", renewed_after_expiry(log)))
         for name in ("lost", "duplicated", "not_finished"):
             if getattr(r, name):
                 r.problems.append(f"{name}: {getattr(r, name)}")
