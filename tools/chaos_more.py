@@ -570,7 +570,7 @@ class SparkScenario(_WorkerScenario):
         started = time.monotonic()
         self.victim: subprocess.Popen | None = None
         self.setup()
-        payloads = [{"customer": f"c{i % 7}", "amount": round(1 + (i * 37 % 1000) / 100, 2)}
+        payloads = [{"customer": f"c{i % 7}", "amount": round(1 + (i * 37 % 1000) / 100, 2), "quantity": 1 + i % 3}
                     for i in range(self.more.spark_jobs)]
         self.drivers = [self._start_driver(i) for i in range(2)]
         faults = self.fault_thread()
@@ -594,10 +594,11 @@ class SparkScenario(_WorkerScenario):
             os.killpg(self.victim.pid, signal.SIGKILL)
             self.victim.wait(timeout=30)
             self.report.faults["kill"] += 1
-            killed_holding = self._query("SELECT id, cardinality(job_ids) FROM outboxq_spark_snapshots "
+            killed_holding = self._query("SELECT id, jsonb_array_length(job_ids) FROM outboxq_spark_snapshots "
                                          "WHERE driver_id = %s AND state <> 'delivered'", victim_driver_id)
-            self._wait(lambda: self._query("SELECT count(*) FROM outboxq_jobs WHERE status <> 'done'")[0][0] == 0,
-                       self.config.timeout_s, "every job done")
+            self._wait(lambda: self._query("SELECT count(*) FROM outboxq_jobs WHERE status NOT IN "
+                                           "('done', 'dead', 'cancelled')")[0][0] == 0,
+                       self.config.timeout_s, "every job finished")
         finally:
             self._stop_faults.set()
             if faults.is_alive():
@@ -626,7 +627,7 @@ class SparkScenario(_WorkerScenario):
         r.duplicated = sum(n - 1 for n in per_job.values() if n > 1)
         strangers = [job_id for job_id in per_job if job_id not in expected]
         wrong = [job_id for job_id, customer, total in rows if job_id in expected and (
-            customer != expected[job_id]["customer"] or total != float(expected[job_id]["amount"]) * 1)]
+            customer != expected[job_id]["customer"] or total != _line_total(expected[job_id]))]
         statuses = dict(self._query("SELECT status, count(*) FROM outboxq_jobs GROUP BY 1"))
         r.not_finished = sum(n for s, n in statuses.items() if s != "done")
         sums: dict[str, Decimal] = defaultdict(Decimal)
@@ -634,8 +635,8 @@ class SparkScenario(_WorkerScenario):
         for _, customer, total in rows:
             sums[customer] += Decimal(str(total))
         for p in expected.values():
-            want[p["customer"]] += Decimal(str(p["amount"]))
-        snapshots = self._query("SELECT driver_id, state, epoch, cardinality(job_ids) FROM outboxq_spark_snapshots")
+            want[p["customer"]] += Decimal(str(_line_total(p)))
+        snapshots = self._query("SELECT driver_id, state, epoch, jsonb_array_length(job_ids) FROM outboxq_spark_snapshots")
         undelivered = [s for s in snapshots if s[1] != "delivered"]
         survivor = next(d for d in self.drivers if d is not self.victim)
         result = {}
@@ -668,6 +669,11 @@ class SparkScenario(_WorkerScenario):
         for name in ("lost", "duplicated", "not_finished"):
             if getattr(r, name):
                 r.problems.append(f"{name}: {getattr(r, name)}")
+
+
+def _line_total(payload: dict) -> float:
+    """What order_lines computes for one job (amount × quantity, in double precision, as Spark does)."""
+    return float(payload["amount"]) * int(payload["quantity"])
 
 
 SCENARIOS = {"periodic": PeriodicScenario, "limits": LimitsScenario, "spark": SparkScenario}
