@@ -1,9 +1,9 @@
 """Handlers of `outboxq chaos --scenario limits` (workers import this with `--handlers`).
 
 Two limited queues: chaos-lim-global (global_concurrency=3 across every worker) and chaos-lim-key (at most 2
-at once per tenant, limit_by="tenant"). Each attempt records its start and, once its effect committed, its
-end in chaos_limit_runs (autocommit, on the handler thread's own connection, outside the job's transaction);
-the effect itself goes to chaos_effects with ctx.transaction(), as in the default scenario.
+at once per tenant, limit_by="tenant"). Each attempt records its start in chaos_limit_runs (autocommit, on the
+handler thread's own connection), then its effect (chaos_effects, as in the default scenario) and its end in
+the job's own transaction (ctx.transaction(), which completes the job when it commits).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 
 import psycopg
 
-from outboxq.tools.chaos_handlers import OPTIONS, write_effect
+from outboxq.tools.chaos_handlers import OPTIONS
 from outboxq.workers import JobContext, consumer
 
 GLOBAL_QUEUE, KEY_QUEUE = "chaos-lim-global", "chaos-lim-key"
@@ -51,14 +51,17 @@ def _record(statement: str, params: tuple) -> None:
 
 
 def run(payload: dict, ctx: JobContext) -> None:
-    """Record the start, work payload['work_ms'], write the effect (fenced), record the end."""
+    """Record the start; work payload['work_ms']; write the effect and the end in the job's own transaction
+    (fenced: a worker that lost its lease writes neither), so the end is before the slot is released."""
     _record("INSERT INTO chaos_limit_runs (job_id, attempt, queue, limit_key, pid, started_at) "
             "VALUES (%s, %s, %s, %s, %s, clock_timestamp())",
             (ctx.job_id, ctx.attempt, ctx.queue, payload.get("tenant"), os.getpid()))
     time.sleep(payload.get("work_ms", 20) / 1000)
-    write_effect({"tag": payload["tag"]}, ctx)
-    _record("UPDATE chaos_limit_runs SET finished_at = clock_timestamp() WHERE job_id = %s AND attempt = %s",
-            (ctx.job_id, ctx.attempt))
+    with ctx.transaction() as conn:  # the effect, the end and the job's completion commit together
+        conn.execute("INSERT INTO chaos_effects (tag, job_id, queue, attempt, pid) VALUES (%s, %s, %s, %s, %s)",
+                     (payload["tag"], ctx.job_id, ctx.queue, ctx.attempt, os.getpid()))
+        conn.execute("UPDATE chaos_limit_runs SET finished_at = clock_timestamp() WHERE job_id = %s AND attempt = %s",
+                     (ctx.job_id, ctx.attempt))
 
 
 consumer(GLOBAL_QUEUE, global_concurrency=GLOBAL_LIMIT, **OPTIONS)(run)
