@@ -339,7 +339,8 @@ def ensure_output_table(conn: DictConnection, table: str, columns: Sequence[tupl
                                                                    type=pgsql.SQL(postgres_type))
                    for name, postgres_type in columns]
     definitions.append(pgsql.SQL(spark_sql.spark_output_hash_column).format(name=pgsql.Identifier(DELIVERY_HASH_COLUMN)))
-    conn.execute(pgsql.SQL(spark_sql.spark_results_schema_create).format(schema=pgsql.Identifier(schema)))
+    if conn.execute(spark_sql.spark_results_schema_exists, {"schema": schema}).fetchone() is None:
+        conn.execute(pgsql.SQL(spark_sql.spark_results_schema_create).format(schema=pgsql.Identifier(schema)))
     conn.execute(pgsql.SQL(spark_sql.spark_output_table_create).format(
         table=qualified, columns=pgsql.SQL(", ").join(definitions)))
     conn.execute(pgsql.SQL(spark_sql.spark_output_table_index).format(

@@ -468,8 +468,13 @@ def format_report(report: ChaosReport) -> str:
     return "\n".join(lines)
 
 
+SCENARIO_CHOICES = ("jobs", "periodic", "limits", "spark", "all")
+
+
 def cmd_chaos(args: argparse.Namespace) -> int:
-    """Run the scenario from the command line."""
+    """Run the scenario (or scenarios) from the command line."""
+    if args.scenario != "jobs":
+        return _cmd_more(args)
     faults = tuple(k for k in FAULT_KINDS if not getattr(args, f"no_{k}"))
     config = ChaosConfig(jobs=args.jobs, workers=args.workers, faults=faults, seed=args.seed,
                          fault_interval_s=args.fault_interval, timeout_s=args.timeout,
@@ -479,10 +484,40 @@ def cmd_chaos(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _cmd_more(args: argparse.Namespace) -> int:
+    """--scenario periodic|limits|spark|all: the added scenarios (tools/chaos_more.py), one table row each."""
+    from outboxq.tools.chaos_more import MoreConfig, format_results, row_of_default, run_more
+
+    out = sys.stderr if args.json else sys.stdout
+    results = []
+    if args.scenario == "all":
+        faults = tuple(k for k in FAULT_KINDS if not getattr(args, f"no_{k}"))
+        report = run_chaos(ChaosConfig(jobs=args.jobs, workers=args.workers, faults=faults, seed=args.seed,
+                                       fault_interval_s=args.fault_interval, timeout_s=args.timeout,
+                                       http_fraction=args.http_fraction, database_url=args.database_url), out=out)
+        print(format_report(report), file=out)
+        results.append(row_of_default(report))
+    config = MoreConfig(workers=args.workers, duration_s=args.duration, limit_jobs=args.limit_jobs,
+                        spark_jobs=args.spark_jobs, fault_interval_s=args.fault_interval, timeout_s=args.timeout,
+                        seed=args.seed, database_url=args.database_url)
+    for name in ("periodic", "limits", "spark") if args.scenario == "all" else (args.scenario,):
+        results.append(run_more(name, config, out=out))
+    print(json.dumps([r.to_dict() for r in results], indent=2, default=str) if args.json
+          else format_results(results))
+    return 0 if all(r.ok for r in results) else 1
+
+
 def register(sub: Any) -> None:
     """Add `outboxq chaos` to the CLI."""
     p = sub.add_parser("chaos", help="fault-injection scenario: nothing lost, nothing run twice")
+    p.add_argument("--scenario", choices=SCENARIO_CHOICES, default="jobs",
+                   help="jobs (the default: plain jobs), periodic (schedules), limits (concurrency limits), "
+                   "spark (two drivers, one killed), or all of them")
     p.add_argument("--jobs", type=int, default=20_000)
+    p.add_argument("--duration", type=float, default=60.0,
+                   help="periodic and limits: seconds of faults")
+    p.add_argument("--limit-jobs", type=int, default=1200, help="limits: jobs enqueued over --duration")
+    p.add_argument("--spark-jobs", type=int, default=600, help="spark: jobs for the two drivers")
     p.add_argument("--workers", type=int, default=3)
     p.add_argument("--http-fraction", type=float, default=0.1)
     p.add_argument("--fault-interval", type=float, default=2.0)

@@ -1,10 +1,25 @@
-"""A small `outboxq chaos` scenario: faults injected while jobs run, and every invariant checked."""
+"""`outboxq chaos` scenarios in short configurations: faults injected while jobs, schedules, limited queues and
+Spark drivers run, and every invariant checked."""
 
 from __future__ import annotations
 
 import io
+from datetime import UTC, datetime, timedelta
 
+import pytest
+
+from outboxq import cli
 from outboxq.tools.chaos import FAULT_KINDS, ChaosConfig, format_report, run_chaos
+from outboxq.tools.chaos_more import (
+    LimitsScenario,
+    MoreConfig,
+    PeriodicScenario,
+    format_results,
+    lease_segments,
+    max_at_once,
+    renewed_after_expiry,
+    run_more,
+)
 
 
 def test_small_chaos_scenario_loses_nothing_and_runs_nothing_twice():
@@ -19,3 +34,55 @@ def test_small_chaos_scenario_loses_nothing_and_runs_nothing_twice():
     assert report.jobs_committed > 1000 and report.jobs_over_http > 0
     assert set(report.faults) == set(FAULT_KINDS)
     assert report.dead_as_meant > 0
+
+
+def test_periodic_schedules_under_faults_make_one_run_per_slot_and_gaps_only_where_the_policy_says():
+    result = run_more("periodic", MoreConfig(workers=3, duration_s=8, fault_interval_s=0.5, outage_s=5,
+                                             timeout_s=120), out=io.StringIO())
+    print(format_results([result]))
+    assert result.ok, result.problems
+    assert set(result.faults) == set(PeriodicScenario.fault_kinds)
+    assert result.lost == result.duplicated == result.not_finished == result.gaps == 0
+    details = dict(result.details)
+    every_all = next(v for k, v in details.items() if k.startswith("chaos-every-all"))
+    every_skip = next(v for k, v in details.items() if k.startswith("chaos-every-skip"))
+    assert int(every_all.split()[0]) >= 20 and " 0 skipped" in every_all  # missed="all" catches up
+    assert " 0 skipped" not in every_skip  # missed="skip" left the outage's slots out, as documented
+
+
+def test_limits_under_faults_are_never_exceeded_and_no_job_is_lost_or_run_twice():
+    result = run_more("limits", MoreConfig(workers=3, duration_s=10, limit_jobs=250, fault_interval_s=0.5,
+                                           timeout_s=120), out=io.StringIO())
+    print(format_results([result]))
+    assert result.ok, result.problems  # the check also fails when a limit was never reached
+    assert set(result.faults) == set(LimitsScenario.fault_kinds)
+    assert result.jobs == 250 and result.lost == result.duplicated == result.not_finished == 0
+    assert result.limit_exceeded == 0
+
+
+def test_the_limit_check_counts_a_lease_revived_after_expiry_and_a_killed_run_until_its_lease_ends():
+    t = lambda s: datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=s)  # noqa: E731
+    # (job_id, attempt, status, lease_token, lease_expires_at, at), in log order. Limit 1 on the queue.
+    clean = [(1, 1, "running", "a", t(3), t(0)), (1, 1, "running", "a", t(4), t(1)), (1, 1, "done", None, None, t(2)),
+             (2, 1, "running", "b", t(5), t(2)), (2, 1, "retrying", None, None, t(6))]  # job 2: killed, rescued
+    spans = lease_segments(clean)
+    assert spans[(2, 1)] == [(t(2), t(5))]  # held until its lease expired, not until the rescue
+    assert max_at_once([s for v in spans.values() for s in v]) == 1 and renewed_after_expiry(clean) == 0
+    # Job 1's worker froze past its lease (t3); job 2 was claimed in the freed slot; job 1's heartbeat then
+    # renewed its expired lease at t4: two valid leases at once from t4.
+    revived = [(1, 1, "running", "a", t(3), t(0)), (2, 1, "running", "b", t(6), t(3.5)),
+               (1, 1, "running", "a", t(7), t(4)), (1, 1, "done", None, None, t(5)), (2, 1, "done", None, None, t(5.5))]
+    spans = lease_segments(revived)
+    assert max_at_once([s for v in spans.values() for s in v]) == 2 and renewed_after_expiry(revived) == 1
+
+
+@pytest.mark.spark
+def test_two_spark_drivers_one_killed_mid_batch_deliver_each_result_exactly_once(capsys):
+    assert cli.main(["chaos", "--scenario", "spark", "--spark-jobs", "200", "--fault-interval", "1"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("| spark |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2:6] == ["200", "0", "0", "0"] and cells[-1] == "OK", out
+    assert "kill 1" in cells[1] and "terminate" in cells[1]
+    sums_line = next(line for line in out.splitlines() if line.startswith("per-customer sums exact"))
+    assert sums_line.split()[-1] == "True", out

@@ -223,6 +223,9 @@ ORDER BY a.attnum
 """
 
 # Templates for psycopg.sql: every name is filled in as an Identifier, every type from postgres_type().
+# CREATE SCHEMA IF NOT EXISTS checks the CREATE privilege on the database before it looks whether the schema
+# exists: a least-privilege role (USAGE, CREATE on the results schema only) must not run it when it does.
+spark_results_schema_exists = "SELECT 1 FROM pg_namespace WHERE nspname = %(schema)s"
 spark_results_schema_create = "CREATE SCHEMA IF NOT EXISTS {schema}"
 spark_output_column = "{name} {type}"
 spark_output_hash_column = "{name} text NOT NULL"
