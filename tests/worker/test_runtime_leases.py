@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from outboxq import enqueue, enqueue_many, get_job
+from outboxq import LeaseLost, enqueue, enqueue_many, get_job
 from outboxq.queue.jobs import JobStatus
 from outboxq.settings import get_settings
 from outboxq.workers.executor import execute
@@ -210,6 +210,28 @@ def _zombie_and_successor(db_url, handler, queue="zombie"):
     conn.commit()
     [new_job] = successor.claim(conn, consumer, 1)
     return conn, zombie, zombie_job, successor, new_job
+
+
+def test_a_lapsed_lease_is_lost_before_any_rescue_its_heartbeat_and_transaction_are_refused(db_url):
+    consumer = Consumer("lapsed", lambda payload, ctx: None, lease_s=30)
+    worker = Worker([consumer], url=db_url, listen=False, run_maintenance=False, worker_id="frozen")
+    with psycopg.connect(db_url, row_factory=dict_row) as conn:
+        enqueue(conn, "lapsed", {"n": 1})
+        conn.commit()
+        [job] = worker.claim(conn, consumer, 1)
+        # The worker froze past its lease; nobody rescued the job yet (it is still running under its token).
+        conn.execute("UPDATE outboxq_jobs SET lease_expires_at = clock_timestamp() - interval '1 second' "
+                     "WHERE id = %s", (job.id,))
+        conn.commit()
+        with worker.state.lock:
+            worker.state.in_flight[job.id] = job
+        worker.heartbeat.renew(conn)
+        assert job.ctx.fenced and job.ctx.cancelled
+        row = conn.execute("SELECT status, lease_expires_at < now() AS lapsed FROM outboxq_jobs WHERE id = %s",
+                           (job.id,)).fetchone()
+        assert row == {"status": "running", "lapsed": True}  # not renewed: rescue takes it back
+        with pytest.raises(LeaseLost), job.ctx.transaction():
+            pass
 
 
 def test_zombie_worker_cannot_fail_or_renew_a_rescued_job_and_logs_that_it_was_fenced(db_url, caplog):

@@ -289,7 +289,9 @@ RETURNING j.id
 """
 
 # Renew the leases of running jobs. Ids missing from the result were fenced; cancel_requested tells the
-# handler to stop.
+# handler to stop. A lease that has lapsed is lost even before rescue takes the job back: the limits' claims
+# stop counting a job at its lease's end and may have given its slot away already (a worker frozen past its
+# lease must not come back to life beside the job that took its slot).
 job_heartbeat = """
 UPDATE outboxq_jobs j
 SET lease_expires_at = now() + %(lease_s)s::float8 * interval '1 second'
@@ -297,13 +299,16 @@ WHERE j.id = ANY(%(ids)s::bigint[])
   AND j.lease_token = ((SELECT jsonb_object(%(ids)s::bigint[]::text[], %(lease_tokens)s::uuid[]::text[]))
                        ->> j.id::text)::uuid
   AND (j.status = 'running') IS TRUE  -- by primary key, as job_complete_batch
+  AND j.lease_expires_at > clock_timestamp()
 RETURNING j.id, j.cancel_requested
 """
 
-# Used by ctx.transaction(): lock the job's row if (and only if) this worker still holds its lease.
+# Used by ctx.transaction(): lock the job's row if (and only if) this worker still holds its lease, and the
+# lease has not lapsed (see job_heartbeat).
 job_lock_if_leased = """
 SELECT id FROM outboxq_jobs
 WHERE id = %(id)s AND lease_token = %(lease_token)s AND status = 'running'
+  AND lease_expires_at > clock_timestamp()
 FOR UPDATE
 """
 
