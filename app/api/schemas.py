@@ -137,9 +137,11 @@ class QueueSummary(BaseModel):
 
 
 class QueueList(BaseModel):
-    """Every known queue."""
+    """Every known queue. Its counts of finished jobs (done, dead, cancelled) cover the last
+    `finished_window_s` seconds; unfinished counts are all of them."""
 
     queues: list[QueueSummary]
+    finished_window_s: float
 
 
 class RetriedCount(BaseModel):

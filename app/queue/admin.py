@@ -101,10 +101,18 @@ class QueueInfo:
         }
 
 
+# The finished counts of queue_counts() cover this window: beside millions of finished jobs, counting all of
+# them on every listing would cost what the history costs.
+FINISHED_COUNTS_WINDOW_S = 24 * 3600.0
+# The stats' windows (age_days) are at most this long, for the same reason.
+MAX_STATS_AGE_DAYS = 7
+
+
 def queue_counts(conn: Any) -> list[QueueInfo]:
-    """Every known queue with its counts per status (every status present, zero when none)."""
+    """Every known queue with its counts per status (every status present, zero when none): unfinished jobs
+    all, finished ones (done, dead, cancelled) those of the last FINISHED_COUNTS_WINDOW_S seconds."""
     out = []
-    for r in _rows(conn, sql.queue_counts, {}):
+    for r in _rows(conn, sql.queue_counts, {"finished_window_s": FINISHED_COUNTS_WINDOW_S}):
         counts = {s.value: 0 for s in JobStatus}
         counts.update({k: int(v) for k, v in (r["counts"] or {}).items()})
         out.append(QueueInfo(r["queue"], r["paused"], r["failing_since"], counts))

@@ -146,6 +146,7 @@ job_errors = Table(
     CheckConstraint("kind IN ('error', 'snooze')", name="outboxq_job_errors_kind_check"),
 )
 Index("outboxq_job_errors_job_idx", job_errors.c.job_id)
+Index("outboxq_job_errors_failed_at_idx", job_errors.c.failed_at)  # the throughput chart's window
 
 # Periodic schedules (outboxq.periodic): one row per schedule name, written by the workers that define it.
 # A slot is claimed by moving last_slot forward under the row's lock, and its job's key

@@ -32,6 +32,28 @@ def test_queues_lists_counts_per_status_and_paused(api):
     assert {q["queue"]: q["paused"] for q in api.get("/v1/queues").json()["queues"]}["b"] is False
 
 
+def test_queue_counts_of_finished_jobs_cover_the_last_day_only(api, db_url):
+    ids = [api.post("/v1/queues/w/jobs", json={"payload": i}).json()["id"] for i in range(3)]
+    with psycopg.connect(db_url) as conn:
+        conn.execute("UPDATE outboxq_jobs SET status = 'done', finished_at = now() - interval '2 days' "
+                     "WHERE id = %s", (ids[0],))
+        conn.execute("UPDATE outboxq_jobs SET status = 'done', finished_at = now() WHERE id = %s", (ids[1],))
+    body = api.get("/v1/queues").json()
+    assert body["finished_window_s"] == 86400
+    counts = {q["queue"]: q["counts"] for q in body["queues"]}["w"]
+    assert (counts["done"], counts["queued"]) == (1, 1)  # the job finished two days ago is not counted
+    # A queue whose only jobs finished long ago is not listed.
+    with psycopg.connect(db_url) as conn:
+        conn.execute("UPDATE outboxq_jobs SET status = 'done', finished_at = now() - interval '2 days'")
+    assert "w" not in {q["queue"] for q in api.get("/v1/queues").json()["queues"]}
+
+
+def test_stats_windows_are_bounded_to_a_week(api):
+    assert api.get("/v1/stats/retries", params={"age_days": 7}).status_code == 200
+    too_long = api.get("/v1/stats/processing-time", params={"age_days": 30})
+    assert too_long.status_code == 422 and "age_days" in too_long.text
+
+
 def test_errors_retry_and_cancel(api, db_url):
     ids = [api.post("/v1/queues/q/jobs", json={"payload": i}).json()["id"] for i in range(4)]
     _make(db_url, ids[0], "dead", "it broke")

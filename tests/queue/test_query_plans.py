@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -16,10 +16,12 @@ HISTORY = 200_000
 
 @pytest.fixture
 def history(conn):
-    """200,000 finished jobs, 200 ready ones and 50 running ones with leases, then ANALYZE."""
+    """200,000 finished jobs (finished over the 2.3 days before the last two), 200 ready ones and 50 running
+    ones with leases, then ANALYZE."""
     conn.execute("""
         INSERT INTO outboxq_jobs (queue, status, payload, finished_at)
-        SELECT 'emails', (ARRAY['done', 'dead', 'cancelled'])[1 + i %% 3], '{}'::jsonb, now() - interval '1 day'
+        SELECT 'emails', (ARRAY['done', 'dead', 'cancelled'])[1 + i %% 3], '{}'::jsonb,
+               now() - interval '2 days' - i * interval '1 second'  -- a history older than the figures' windows
         FROM generate_series(1, %s) AS i
     """, (HISTORY,))
     conn.execute("""INSERT INTO outboxq_jobs (queue, status, payload)
@@ -86,6 +88,41 @@ def test_metrics_statements_never_scan_the_finished_history(history, name):
     plan = plan_of(history, getattr(sql, name), {})
     assert_no_seq_scan(plan)
     assert scans_of_jobs(plan) and all(index is not None for _, index in scans_of_jobs(plan)), scans_of_jobs(plan)
+
+
+@pytest.fixture
+def error_history(history):
+    """Beside the finished jobs: 100,000 old error rows (failed attempts of those jobs), then ANALYZE."""
+    history.execute("""
+        INSERT INTO outboxq_job_errors (job_id, attempt, error, failed_at)
+        SELECT id, 1, 'boom', now() - interval '3 days' FROM outboxq_jobs WHERE status = 'dead' LIMIT 100000
+    """)
+    history.commit()
+    history.autocommit = True
+    history.execute("ANALYZE outboxq_job_errors")
+    history.autocommit = False
+    return history
+
+
+def assert_no_seq_scan_of_history(plan: dict) -> None:
+    seq = [n for n in nodes(plan) if n["Node Type"] == "Seq Scan"
+           and n.get("Relation Name") in ("outboxq_jobs", "outboxq_job_errors")]
+    assert not seq, json.dumps(plan, indent=1)[:3000]
+
+
+@pytest.mark.parametrize(("name", "params"), [
+    ("queue_counts", {"finished_window_s": 86400.0}),
+    ("stats_retries", {"since": datetime.now(UTC) - timedelta(days=1), "queue": None}),
+    ("stats_processing_time", {"since": datetime.now(UTC) - timedelta(days=1), "queue": None}),
+    ("stats_throughput", {"now": datetime.now(UTC), "minutes": 60, "queue": None}),
+])
+def test_the_queue_listing_and_stats_read_unfinished_jobs_and_a_window_of_history_only(error_history, name,
+                                                                                       params):
+    plan = plan_of(error_history, getattr(sql, name), params)
+    assert_no_seq_scan_of_history(plan)
+    scanned = [(n["Node Type"], n.get("Index Name")) for n in nodes(plan)
+               if n.get("Relation Name") in ("outboxq_jobs", "outboxq_job_errors")]
+    assert scanned and all(index is not None for _, index in scanned), scanned
 
 
 KEYS = 10_000

@@ -20,7 +20,8 @@ router = APIRouter(tags=["queues"], route_class=OutboxqRoute)
 
 @router.get("/v1/queues", response_model=QueueList, **scoped("read"), responses=error_responses(401, 403))
 def list_queues(pool: PoolDep) -> JSONResponse:
-    """Each queue with its job counts per status, whether it is paused, and its limits with their usage."""
+    """Each queue with its job counts per status (finished ones over the last `finished_window_s` seconds),
+    whether it is paused, and its limits with their usage."""
     with transaction(pool) as conn:
         queues = [q.to_dict() for q in admin.queue_counts(conn)]
         usage = {u["queue"]: u for u in limits.usage(conn)}
@@ -29,7 +30,8 @@ def list_queues(pool: PoolDep) -> JSONResponse:
     # A queue limited before any job of it was enqueued is listed too (no jobs yet).
     queues += [{"queue": name, "paused": False, "failing_since": None, "counts": {s.value: 0 for s in JobStatus},
                 "limits": u} for name, u in usage.items()]
-    return JSONResponse({"queues": sorted(queues, key=lambda q: q["queue"])})
+    return JSONResponse({"queues": sorted(queues, key=lambda q: q["queue"]),
+                         "finished_window_s": admin.FINISHED_COUNTS_WINDOW_S})
 
 
 @router.get("/v1/queues/{queue}/errors", response_model=JobList, **scoped("read"),

@@ -14,10 +14,12 @@ from outboxq.api.errors import error_responses
 from outboxq.api.routing import OutboxqRoute
 from outboxq.api.schemas import QUEUE_PATTERN, StatsList
 from outboxq.queue import admin
+from outboxq.queue.admin import MAX_STATS_AGE_DAYS
 
 router = APIRouter(tags=["stats"], route_class=OutboxqRoute)
 
-AgeDays = Annotated[float, Query(gt=0, le=3650, allow_inf_nan=False, description="Window, in days")]
+AgeDays = Annotated[float, Query(gt=0, le=MAX_STATS_AGE_DAYS, allow_inf_nan=False,
+                                 description=f"Window, in days (at most {MAX_STATS_AGE_DAYS})")]
 QueueFilter = Annotated[str | None, Query(pattern=QUEUE_PATTERN, description="Only this queue")]
 
 

@@ -40,23 +40,6 @@ ORDER BY id
 LIMIT %(limit)s
 """
 
-queue_counts = """
-WITH names AS (
-    SELECT DISTINCT queue FROM outboxq_jobs
-    UNION SELECT queue FROM outboxq_queues
-)
-SELECT n.queue,
-       coalesce(q.paused, false) AS paused,
-       q.failing_since,
-       coalesce(c.counts, '{}'::jsonb) AS counts
-FROM names n
-LEFT JOIN outboxq_queues q ON q.queue = n.queue
-LEFT JOIN LATERAL (
-    SELECT jsonb_object_agg(status, n_jobs) AS counts
-    FROM (SELECT status, count(*) AS n_jobs FROM outboxq_jobs j WHERE j.queue = n.queue GROUP BY status) s
-) c ON true
-ORDER BY n.queue
-"""
 
 queue_failing = """
 SELECT queue, failing_since, consecutive_failures FROM outboxq_queues

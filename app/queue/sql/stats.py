@@ -67,6 +67,30 @@ UNION ALL
 SELECT queue, 'waiting', count(*) FROM outboxq_jobs WHERE status = 'waiting' GROUP BY queue
 """
 
+# Every queue (with unfinished jobs, jobs finished within the window, or a row in outboxq_queues) and its
+# counts per status: unfinished ones from the metrics' partial-index branches, finished ones within the last
+# %(finished_window_s)s seconds through the finished_at index. The cost follows the unfinished jobs and the
+# window, never the whole finished history (GET /v1/queues, `outboxq queues`).
+queue_counts = f"""
+WITH counted AS (
+    {metrics_unfinished_counts.strip()}
+    UNION ALL
+    SELECT queue, status, count(*) FROM outboxq_jobs
+    WHERE status IN ('done', 'dead', 'cancelled')
+      AND finished_at >= now() - %(finished_window_s)s::float8 * interval '1 second'
+    GROUP BY queue, status
+),
+names AS (SELECT queue FROM counted UNION SELECT queue FROM outboxq_queues)
+SELECT n.queue,
+       coalesce(q.paused, false) AS paused,
+       q.failing_since,
+       coalesce((SELECT jsonb_object_agg(c.status, c.n) FROM counted c WHERE c.queue = n.queue), '{{}}'::jsonb)
+           AS counts
+FROM names n
+LEFT JOIN outboxq_queues q ON q.queue = n.queue
+ORDER BY n.queue
+"""
+
 # Queue lag: how long the oldest job that could run now has been ready (0 when none is).
 metrics_queue_lag = """
 SELECT queue, extract(epoch FROM now() - min(run_at))::float8 AS lag_s
