@@ -48,12 +48,15 @@ def start_embedded(data_dir: str | Path | None = None, *, cleanup_mode: str | No
 
 def _ensure_database(admin_url: str, name: str) -> None:
     import psycopg
+    from psycopg import sql as pgsql
+
+    from outboxq.queue.sql import server as server_sql
 
     with psycopg.connect(admin_url, autocommit=True) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+        exists = conn.execute(server_sql.database_exists, (name,)).fetchone()
         if not exists:
             try:
-                conn.execute(f'CREATE DATABASE "{name}"')
+                conn.execute(pgsql.SQL(server_sql.database_create).format(name=pgsql.Identifier(name)))
             except psycopg.errors.DuplicateDatabase:  # another process won the race
                 pass
 

@@ -165,5 +165,3 @@ def scoped(scope: str) -> dict[str, Any]:
 
 
 EnqueuePrincipal = Annotated[Principal, Depends(require("enqueue"))]
-ReadPrincipal = Annotated[Principal, Depends(require("read"))]
-AdminPrincipal = Annotated[Principal, Depends(require("admin"))]

@@ -191,12 +191,6 @@ WHERE id = %(id)s AND lease_token = %(lease_token)s AND state = 'claimed'
 RETURNING id
 """
 
-spark_snapshot_get = """
-SELECT id, processor_id, queue, epoch, job_ids, lease_token, delivery_hash, output_table, state,
-       rows_written, error, created_at, delivered_at, driver_id, lease_expires_at
-FROM outboxq_spark_snapshots WHERE id = %(id)s
-"""
-
 # A handled error, Cues-style: the bad job's payload and error go to the error queue (in the delivery's
 # transaction), and the job itself is dead at once: a malformed payload does not fix itself by retrying.
 spark_error_queue_insert = """
