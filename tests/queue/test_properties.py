@@ -1,5 +1,7 @@
-"""Property-based test of the core on a real PostgreSQL: random sequences of enqueue, claim, complete, fail,
-rescue, retry and cancel, checked against the table of allowed transitions after every step.
+"""Property-based test of the core on a real PostgreSQL: random sequences of every statement that moves a job
+(enqueue with or without dependencies, claim, complete, fail, snooze, hand back, Spark's release, rescue,
+promote, retry, cancel and a cancel honoured while running), checked against the table of allowed
+transitions after every step.
 """
 
 from __future__ import annotations
@@ -10,12 +12,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 from psycopg.rows import dict_row
 
-from outboxq import enqueue_many
+from outboxq import enqueue, enqueue_many
 from outboxq.errors import InvalidTransition
 from outboxq.queue import admin, sql
 from outboxq.queue.jobs import ALLOWED_TRANSITIONS, JobStatus
+from outboxq.queue.sql import spark as spark_sql
 from outboxq.workers.executor import ClaimedJob, Outcome
-from outboxq.workers.maintenance import rescue
+from outboxq.workers.maintenance import promote, rescue
 from outboxq.workers.registry import Consumer
 from outboxq.workers.runner import Worker
 
@@ -37,6 +40,7 @@ def make_machine(url: str):
             self.workers = [Worker([consumer], url=url, listen=False, run_maintenance=False) for _ in range(2)]
             self.held: list[dict[int, ClaimedJob]] = [{}, {}]
             self.seen: dict[int, JobStatus] = {}
+            self.pairs = 0
 
         def teardown(self):
             self.conn.close()
@@ -47,6 +51,38 @@ def make_machine(url: str):
         @rule(n=st.integers(1, 4))
         def enqueue(self, n):
             enqueue_many(self.conn, QUEUE, [{"i": i} for i in range(n)])
+            self.conn.commit()
+
+        @rule(on_failure=st.sampled_from(["wait", "cancel", "run"]))
+        def enqueue_dependent(self, on_failure):
+            """A keyed parent and a child that waits for it (the child starts waiting)."""
+            self.pairs += 1
+            enqueue(self.conn, QUEUE, {}, key=f"parent-{self.pairs}")
+            enqueue(self.conn, QUEUE, {}, key=f"child-{self.pairs}", depends_on=[(QUEUE, f"parent-{self.pairs}")],
+                    on_dependency_failure=on_failure)
+            self.conn.commit()
+
+        @rule()
+        def promote_waiting(self):
+            """Maintenance's promote pass: release, cancel or keep waiting jobs per their dependencies."""
+            promote.run_once(self.conn)
+
+        @rule(worker=st.integers(0, 1), data=st.data())
+        def honour_cancel(self, worker, data):
+            """A handler saw ctx.cancelled (the operator cancelled its running job) and stopped."""
+            if not self.held[worker]:
+                return
+            job = self.held[worker].pop(data.draw(st.sampled_from(sorted(self.held[worker]))))
+            outcome = Outcome(job=job, succeeded=False, error="cancelled while running", cancelled=True)
+            self.workers[worker].write_outcomes(self.conn, [outcome])
+
+        @rule(worker=st.integers(0, 1), data=st.data())
+        def spark_release(self, worker, data):
+            """A Spark driver gives back the jobs of a snapshot it cannot deliver (spark_jobs_release)."""
+            if not self.held[worker]:
+                return
+            job = self.held[worker].pop(data.draw(st.sampled_from(sorted(self.held[worker]))))
+            self.conn.execute(spark_sql.spark_jobs_release, {"ids": [job.id], "lease_token": job.lease_token})
             self.conn.commit()
 
         @rule(worker=st.integers(0, 1), limit=st.integers(1, 3))
