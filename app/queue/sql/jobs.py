@@ -119,6 +119,12 @@ CLAIM_SET = """SET status = 'running',
 RELEASE_SET = """SET status = CASE WHEN j.attempts > 1 THEN 'retrying' ELSE 'queued' END,
     attempts = j.attempts - 1, lease_token = NULL, lease_expires_at = NULL, run_at = now()"""
 
+# What an operator's retry sets: the job runs again now; a job out of attempts gets exactly one more, so
+# attempts never exceed max_attempts (one job's retry, or every failed job of a queue).
+RETRY_SET = """SET status = 'queued', run_at = now(), finished_at = NULL, cancel_requested = false,
+        max_attempts = CASE WHEN max_attempts <> 0 AND attempts >= max_attempts THEN attempts + 1
+                            ELSE max_attempts END"""
+
 # One statement: read the queue's state (paused, failing), lock fresh jobs with SKIP LOCKED, and while the
 # queue is failing take at most one retrying job (and none while another retry is in flight), so that a
 # downstream that is down sees one probe at a time instead of every retry at once. The picked ids go to the
@@ -327,10 +333,7 @@ LIMIT %(limit)s
 job_retry_now = f"""
 WITH retried AS (
     UPDATE outboxq_jobs
-    -- A job out of attempts gets exactly one more, so attempts never exceed max_attempts.
-    SET status = 'queued', run_at = now(), finished_at = NULL, cancel_requested = false,
-        max_attempts = CASE WHEN max_attempts <> 0 AND attempts >= max_attempts THEN attempts + 1
-                            ELSE max_attempts END
+    {RETRY_SET}
     WHERE id = %(id)s AND status IN ('retrying', 'dead', 'cancelled')
     RETURNING id, queue
 )

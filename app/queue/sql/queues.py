@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from outboxq.queue.schema import NOTIFY_CHANNEL
-from outboxq.queue.sql.jobs import JOB_COLUMNS
+from outboxq.queue.sql.jobs import JOB_COLUMNS, RETRY_SET
 
 queue_mark_healthy = """
 UPDATE outboxq_queues
@@ -14,10 +14,7 @@ WHERE queue = %(queue)s AND failing_since IS NOT NULL
 queue_retry_all_now = f"""
 WITH retried AS (
     UPDATE outboxq_jobs
-    -- A job out of attempts gets exactly one more, so attempts never exceed max_attempts.
-    SET status = 'queued', run_at = now(), finished_at = NULL, cancel_requested = false,
-        max_attempts = CASE WHEN max_attempts <> 0 AND attempts >= max_attempts THEN attempts + 1
-                            ELSE max_attempts END
+    {RETRY_SET}
     WHERE queue = %(queue)s AND status IN ('retrying', 'dead')
     RETURNING id
 )
