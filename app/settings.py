@@ -61,6 +61,8 @@ class Settings(BaseSettings):
     api_tokens: str = ""
     max_payload_bytes: int = 1024 * 1024
     max_batch_jobs: int = 1000
+    # Dependency rows one request may write (a job's depends_on, summed over a batch's jobs).
+    max_dependencies_per_request: int = Field(default=1000, ge=0)
     db_pool_min: int = 1
     db_pool_max: int = 10
     host: str = "127.0.0.1"

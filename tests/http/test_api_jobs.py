@@ -212,3 +212,21 @@ def test_job_json_round_trips_unicode_payloads(api):
                  headers={"Content-Type": "application/json"})
     assert r.status_code == 201
     assert api.get(f"/v1/jobs/{r.json()['id']}").json()["payload"] == payload
+
+
+def test_dependencies_over_the_per_request_cap_are_refused_before_anything_is_written(db_url):
+    with api_client(db_url, max_dependencies_per_request=3) as api:
+        for key in ("a", "b", "c", "d"):
+            assert api.post("/v1/queues/deps/jobs", json={"payload": 1, "key": key}).status_code == 201
+        before = job_count(db_url)
+        refs = [{"queue": "deps", "key": k} for k in ("a", "b", "c", "d")]
+        one = api.post("/v1/queues/deps/jobs", json={"payload": 1, "depends_on": refs})
+        assert one.status_code == 422 and "4 dependencies" in one.text and "max_dependencies_per_request" in one.text
+        # Across a batch: 2 + 2 is over 3, although each job alone is within it.
+        batch = api.post("/v1/queues/deps/jobs/batch", json={"jobs": [
+            {"payload": 1, "depends_on": refs[:2]}, {"payload": 2, "depends_on": refs[2:]}]})
+        assert batch.status_code == 422 and "4 dependencies" in batch.text
+        assert job_count(db_url) == before
+        assert count(db_url, "SELECT count(*) FROM outboxq_job_dependencies") == 0
+        within = api.post("/v1/queues/deps/jobs", json={"payload": 1, "depends_on": refs[:3]})
+        assert within.status_code == 201, within.text

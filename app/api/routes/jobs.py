@@ -41,6 +41,14 @@ def check_payload_size(payload: Any, limit: int, where: str = "payload") -> None
                          f"{where} is {size} bytes of JSON, over the limit of {limit} bytes (max_payload_bytes)")
 
 
+def check_dependency_count(jobs: list[JobCreate], limit: int) -> None:
+    """422 when the request's jobs name more dependencies than one request may write (before anything is)."""
+    count = sum(len(job.depends_on) for job in jobs)
+    if count > limit:
+        raise InvalidInput(f"the request names {count} dependencies, over the limit of {limit} per request "
+                           "(max_dependencies_per_request); split it into several requests")
+
+
 def _options(job: JobCreate) -> dict[str, Any]:
     return {
         "key": job.key,
@@ -62,6 +70,7 @@ def create_job(queue: QueueName, body: JobCreate, request: Request, principal: E
                pool: PoolDep, settings: SettingsDep, idempotency_key: IdempotencyKey = None) -> JSONResponse:
     """Enqueue one job (201); with an Idempotency-Key, a retry of the same request answers 200 with the same job."""
     check_payload_size(body.payload, settings.max_payload_bytes)
+    check_dependency_count([body], settings.max_dependencies_per_request)
 
     def work(conn: Any) -> dict[str, Any]:
         return job_public(enqueue(conn, queue, body.payload, **_options(body)))
@@ -86,6 +95,7 @@ def create_jobs(queue: QueueName, body: JobBatchCreate, request: Request, princi
     if request_bytes * 8 > settings.max_payload_bytes:
         for index, job in enumerate(body.jobs):
             check_payload_size(job.payload, settings.max_payload_bytes, f"jobs[{index}].payload")
+    check_dependency_count(body.jobs, settings.max_dependencies_per_request)
     options = [_options(job) for job in body.jobs]
     # on_dependency_failure means nothing without depends_on, and a batch with dependencies is not uniform.
     shared = {k: v for k, v in options[0].items() if k not in ("key", "depends_on", "on_dependency_failure")}
