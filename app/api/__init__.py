@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import APIRouter, FastAPI
+from fastapi_offline import FastAPIOffline
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
@@ -71,7 +72,9 @@ def create_router(settings: Settings | None = None) -> APIRouter:
 def create_app(settings: Settings | None = None) -> FastAPI:
     """The whole HTTP service (`outboxq serve`): outboxq's router, the dashboard, and outboxq's error shape
     for what no route answers (404, 405); the pool opens in the lifespan without waiting for the database."""
-    app = FastAPI(
+    # FastAPIOffline: a FastAPI whose /docs and /redoc load Swagger UI and ReDoc from the app itself (a
+    # package's static files), not from a CDN: they work offline and send no visitor to a third party.
+    app = FastAPIOffline(
         title="outboxq",
         version="0.1.0",
         description="A transactional-outbox job queue inside PostgreSQL. Errors answer "

@@ -157,3 +157,25 @@ def test_dashboard_shows_queues_retries_a_failed_job_and_pauses_a_queue(db_url, 
             browser.close()
     finally:
         worker.stop(timeout=5)
+
+
+def test_the_api_docs_render_in_a_browser_that_may_reach_nothing_but_the_server(server):
+    """Swagger UI at /docs draws the operations with every request outside the server refused."""
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        page = browser.new_page()
+        elsewhere: list[str] = []
+
+        def only_the_server(route):
+            if route.request.url.startswith(server):
+                route.continue_()
+            else:
+                elsewhere.append(route.request.url)
+                route.abort()
+
+        page.route("**/*", only_the_server)
+        page.goto(server + "/docs")
+        page.wait_for_selector(".opblock-summary-path[data-path='/v1/queues/{queue}/jobs']", timeout=30_000)
+        assert page.locator(".opblock").count() > 10
+        assert elsewhere == []
+        browser.close()

@@ -3,13 +3,15 @@ the user's app, state and error handling untouched."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
 
 from outboxq.api import create_router
-from tests.api_support import api_settings, auth, job_count
+from tests.api_support import api_client, api_settings, auth, job_count
 
 
 class OutOfStock(Exception):
@@ -71,3 +73,18 @@ def test_the_users_own_routes_state_and_errors_are_untouched(client):
     assert gone.status_code == 409 and gone.json() == {"detail": "sold out"}
     missing = client.get("/nowhere")
     assert missing.status_code == 404 and missing.json() == {"detail": "Not Found"}  # FastAPI's, not ours
+
+
+def test_docs_and_redoc_load_their_assets_from_the_app_not_a_cdn(db_url):
+    with api_client(db_url) as api:
+        for page in ("/docs", "/redoc"):
+            html = api.get(page)
+            assert html.status_code == 200 and "text/html" in html.headers["content-type"]
+            assets = re.findall(r"""(?:src|href)=["']([^"']+)["']""", html.text)
+            assert assets, html.text[:500]
+            assert not [a for a in assets if re.match(r"(https?:)?//", a)], assets  # nothing from another host
+            for asset in assets:
+                if asset.endswith((".js", ".css")):
+                    answer = api.get(asset)
+                    assert answer.status_code == 200 and len(answer.content) > 10_000, asset
+        assert "cdn" not in api.get("/docs").text.lower()
