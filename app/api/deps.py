@@ -75,6 +75,6 @@ def idempotent_write(
 
 IdempotencyKey = Annotated[
     str | None,
-    Header(alias="Idempotency-Key", max_length=idempotency.MAX_KEY_LENGTH,
+    Header(alias="Idempotency-Key", pattern=idempotency.KEY_PATTERN.pattern,
            description="Makes retries safe: the same key and body answer the first response again"),
 ]

@@ -12,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from outboxq import errors
 
@@ -68,9 +69,10 @@ _DESCRIPTIONS = {
 
 
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI `responses` for these error statuses (503 is always listed: the database may be away; 429 with
-    401: a client that keeps sending wrong tokens is slowed down)."""
-    listed = {*statuses, 503, *((429,) if 401 in statuses else ())}
+    """OpenAPI `responses` for these error statuses (422 and 503 are always listed: an unknown query parameter
+    is refused, the database may be away; 429 with 401: a client that keeps sending wrong tokens is slowed
+    down)."""
+    listed = {*statuses, 422, 503, *((429,) if 401 in statuses else ())}
     return {s: {"model": ErrorResponse, "description": _DESCRIPTIONS[s]} for s in sorted(listed)}
 
 
@@ -111,6 +113,19 @@ def validation_message(exc: RequestValidationError) -> tuple[int, str, str]:
     return 422, "invalid_request", "; ".join(messages) + more
 
 
+HTTP_METHODS = ("DELETE", "GET", "HEAD", "PATCH", "POST", "PUT")
+
+
+def allowed_methods(request: Request) -> str:
+    """Every method some route answers at the request's path (Starlette's 405 names only the first route's:
+    GET /v1/spark/batches hid POST)."""
+    # Ask each route whether it would take the path with each method (routes included from routers are
+    # matched through their own matches(), whatever their structure).
+    routes = request.app.router.routes
+    return ", ".join(method for method in HTTP_METHODS
+                     if any(route.matches({**request.scope, "method": method})[0] is Match.FULL for route in routes))
+
+
 def response_for(request: Request, exc: Exception) -> JSONResponse:
     """The error response of any exception a route raised: the one mapping, used by the app's exception
     handlers (create_app) and by the router's own route class (create_router in someone else's app)."""
@@ -126,7 +141,10 @@ def response_for(request: Request, exc: Exception) -> JSONResponse:
         message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
         if exc.status_code == 404 and message == "Not Found":
             message = f"no route {request.url.path}; see /docs for the API"
-        return error_json(exc.status_code, code, message, getattr(exc, "headers", None))
+        headers = getattr(exc, "headers", None)
+        if exc.status_code == 405:
+            headers = {**(headers or {}), "Allow": allowed_methods(request)}
+        return error_json(exc.status_code, code, message, headers)
     if isinstance(exc, psycopg.errors.DataError):
         # Values PostgreSQL cannot store (a NUL character in text, a number out of range...).
         first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__

@@ -60,9 +60,17 @@ class OutboxqRoute(APIRoute):
         """The route's handler, wrapped: body limit first, then outboxq's error mapping around it."""
         handle = super().get_route_handler()
         batch = self.path.endswith("/batch")
+        # The query parameters this route declares (its dependencies' too): any other is a typo to point out,
+        # not something to ignore (`?limt=5` would otherwise list 100).
+        accepted = _query_parameters(self.dependant)
 
         async def handler(request: Request) -> Response:
             try:
+                unknown = sorted(set(request.query_params) - accepted)
+                if unknown:
+                    raise errors.ApiProblem(
+                        422, "invalid_request", f"unknown query parameter {', '.join(map(repr, unknown[:5]))}: "
+                        f"this route takes {', '.join(sorted(accepted)) or 'none'}")
                 too_large = await _refuse_oversized_body(request, api_state(request).body_limit(batch))
                 if too_large is not None:
                     return too_large
@@ -71,6 +79,14 @@ class OutboxqRoute(APIRoute):
                 return errors.response_for(request, exc)
 
         return handler
+
+
+def _query_parameters(dependant: Any) -> set[str]:
+    """The names of the query parameters a route (a FastAPI Dependant) and its dependencies declare."""
+    names = {param.alias for param in dependant.query_params}
+    for dependency in dependant.dependencies:
+        names |= _query_parameters(dependency)
+    return names
 
 
 async def _refuse_oversized_body(request: Request, limit: int) -> Response | None:

@@ -4,12 +4,41 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    model_validator,
+)
 
 from outboxq.queue.enqueue import MAX_KEY_LENGTH, PRIORITY_RANGE, QUEUE_NAME_PATTERN
+from outboxq.queue.limits import RATE_LIMIT_PATTERN
 
 QUEUE_PATTERN = f"^{QUEUE_NAME_PATTERN.pattern}$"
+KEY_PATTERN = "^[^\\u0000]+$"  # any text but NUL (PostgreSQL's text cannot hold it), as enqueue checks
 MAX_DELAY_S = 100 * 365 * 86400.0
+
+
+def _a_json_number(value: Any) -> Any:
+    # JSON Schema's integer and number exclude true, false and "3"; pydantic's lax mode would take them.
+    if isinstance(value, bool | str):
+        raise ValueError(f"a JSON number is needed, not {value!r}")
+    return value
+
+
+# Request numbers as JSON Schema means them: 5 and 5.0 are the integer 5; true and "5" are no number (strict
+# mode would refuse 5.0, lax mode takes true and "5"). The bounds come before the validator, or the document
+# loses them.
+_NOT_BOOLEAN = BeforeValidator(_a_json_number)
+DelaySeconds = Annotated[float, Field(ge=0, le=MAX_DELAY_S, allow_inf_nan=False), _NOT_BOOLEAN]
+UniqueSeconds = Annotated[float, Field(gt=0, le=MAX_DELAY_S, allow_inf_nan=False), _NOT_BOOLEAN]
+Priority = Annotated[int, Field(ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1]), _NOT_BOOLEAN]
+MaxAttempts = Annotated[int, Field(ge=0, le=1_000_000), _NOT_BOOLEAN]
+Concurrency = Annotated[int, Field(ge=0, le=2**31 - 1), _NOT_BOOLEAN]
+BatchSize = Annotated[int, Field(ge=1, le=1_000_000), _NOT_BOOLEAN]
 
 
 class RequestModel(BaseModel):
@@ -22,27 +51,48 @@ class DependencyRef(RequestModel):
     """A job this one waits for, named by its queue and key."""
 
     queue: str = Field(pattern=QUEUE_PATTERN)
-    key: str = Field(min_length=1, max_length=MAX_KEY_LENGTH)
+    key: str = Field(min_length=1, max_length=MAX_KEY_LENGTH, pattern=KEY_PATTERN)
+
+
+# What a job's fields require of each other, in the document as the server checks it (so that what the
+# document calls valid is what the server accepts): run_at and delay_seconds exclude each other (neither
+# null), and a `unique` other than "forever" needs a key.
+JOB_FIELD_RULES = {"allOf": [
+    {"not": {"required": ["run_at", "delay_seconds"],
+             "properties": {"run_at": {"type": "string"}, "delay_seconds": {"type": "number"}}}},
+    {"if": {"required": ["unique"], "properties": {"unique": {"not": {"const": "forever"}}}},
+     "then": {"required": ["key"], "properties": {"key": {"type": "string"}}}},
+]}
 
 
 class JobCreate(RequestModel):
     """One job to enqueue."""
 
+    model_config = ConfigDict(extra="forbid", json_schema_extra=JOB_FIELD_RULES)
+
     payload: Any = Field(description="Any JSON value; the handler receives it as is")
-    key: str | None = Field(None, min_length=1, max_length=MAX_KEY_LENGTH,
+    key: str | None = Field(None, min_length=1, max_length=MAX_KEY_LENGTH, pattern=KEY_PATTERN,
                             description="Unique within the queue; a second job with the same key is a 409")
     depends_on: list[DependencyRef] = Field(default_factory=list, max_length=1000)
     run_at: AwareDatetime | None = Field(None, description="RFC 3339 time with an offset; not with delay_seconds")
-    delay_seconds: float | None = Field(None, ge=0, le=MAX_DELAY_S, allow_inf_nan=False)
-    priority: int = Field(0, ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1], description="Lower runs first")
-    max_attempts: int | None = Field(None, ge=0, le=1_000_000, description="0 retries forever")
-    unique: Literal["forever", "active"] | Annotated[float, Field(gt=0, le=MAX_DELAY_S, allow_inf_nan=False)] = Field(
+    delay_seconds: DelaySeconds | None = None
+    priority: Priority = Field(0, description="Lower runs first")
+    max_attempts: MaxAttempts | None = Field(None, description="0 retries forever")
+    unique: Literal["forever", "active"] | UniqueSeconds = Field(
         "forever", description="How long the key blocks another job with it: 'forever' (while the job exists), "
         "'active' (while it is unfinished) or a number of seconds since it was enqueued; needs a key")
     on_conflict: Literal["raise", "ignore"] = Field(
         "raise", description="When the key is held: 'raise' answers 409, 'ignore' returns the job holding it")
     on_dependency_failure: Literal["wait", "cancel", "run"] = Field(
         "wait", description="When a dependency ends dead or cancelled: keep waiting, cancel this job, or run it")
+
+    @model_validator(mode="after")
+    def _fields_agree(self) -> JobCreate:
+        if self.run_at is not None and self.delay_seconds is not None:
+            raise ValueError("give either run_at or delay_seconds, not both")
+        if self.unique != "forever" and self.key is None:
+            raise ValueError("unique applies to jobs with a key: give key")
+        return self
 
 
 class JobBatchCreate(RequestModel):
@@ -120,9 +170,13 @@ class QueueLimitsChange(RequestModel):
     """New limits for a queue: each field given replaces the current limit (null removes it); fields left out
     keep theirs."""
 
-    global_concurrency: int | None = Field(None, ge=0, le=2**31 - 1, strict=True,
-                                           description="at most N running (per key with limit_by)")
-    rate_limit: str | None = Field(None, max_length=32, description="at most N starts per period: N/s, N/m or N/h")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"minProperties": 1})  # (an empty change: 422)
+
+    global_concurrency: Concurrency | None = Field(None, description="at most N running (per key with limit_by)")
+    # The pattern is the document's; the server's own check says what to fix (outboxq.queue.limits).
+    rate_limit: Annotated[str | None, WithJsonSchema({"anyOf": [
+        {"type": "string", "pattern": RATE_LIMIT_PATTERN.pattern}, {"type": "null"}]})] = Field(
+        None, description="at most N starts per period: N/s, N/m or N/h (N up to 9 digits)")
 
 
 class QueueSummary(BaseModel):
@@ -191,8 +245,10 @@ class SparkBatchCreate(RequestModel):
     queue: str = Field(pattern=QUEUE_PATTERN)
     processor: str = Field(min_length=1, max_length=200, description="a name from OUTBOXQ_SPARK_PROCESSORS")
     output_table: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
-    batch_size: int = Field(1000, ge=1, le=1_000_000)
-    master: str | None = Field(None, max_length=200, description="refused: the master is the operator's setting")
+    batch_size: BatchSize = 1000
+    # Only null is valid (the document says so); the route answers a given master with its own message.
+    master: Annotated[str | None, WithJsonSchema({"type": "null"})] = Field(
+        None, description="must be null: the Spark master is the operator's setting")
 
 
 class SparkBatchCreated(BaseModel):

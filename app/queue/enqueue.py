@@ -43,7 +43,8 @@ def validate_key(key: Any) -> str | None:
     if key is None:
         return None
     if not isinstance(key, str) or not key or len(key) > MAX_KEY_LENGTH or "\x00" in key:
-        raise InvalidInput(f"invalid key {key!r}: use a non-empty string of at most {MAX_KEY_LENGTH} characters")
+        raise InvalidInput(f"invalid key {key!r}: use a non-empty string of at most {MAX_KEY_LENGTH} characters "
+                           "without NUL")
     return key
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,8 @@ from outboxq.queue import sql
 from outboxq.queue.enqueue import psycopg_connection
 
 MAX_KEY_LENGTH = 255
+# Printable ASCII, no space at either end (HTTP would strip it): what the HTTP schema states too.
+KEY_PATTERN = re.compile(r"^[!-~]([ -~]{0,253}[!-~])?$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,10 +35,9 @@ class StoredResponse:
 
 def validate_idempotency_key(key: str) -> str:
     """The key, or InvalidInput saying what a valid one looks like."""
-    if not key or len(key) > MAX_KEY_LENGTH or not key.isprintable():
-        raise InvalidInput(
-            f"invalid Idempotency-Key: use 1 to {MAX_KEY_LENGTH} printable characters (a UUID is a good choice)"
-        )
+    if not KEY_PATTERN.fullmatch(key):
+        raise InvalidInput(f"invalid Idempotency-Key: use 1 to {MAX_KEY_LENGTH} printable ASCII characters, no "
+                           "space at either end (a UUID is a good choice)")
     return key
 
 

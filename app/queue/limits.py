@@ -17,7 +17,9 @@ from outboxq.errors import InvalidInput, InvalidLimit
 from outboxq.queue.sql import limits as limits_sql
 
 RATE_PERIODS_S = {"s": 1.0, "m": 60.0, "h": 3600.0}
-_RATE_PATTERN = re.compile(r"\s*(\d+)\s*/\s*([smh])\s*")
+# N/s, N/m or N/h, N of at most 9 digits (below MAX_LIMIT); the HTTP schema states the same pattern.
+RATE_LIMIT_PATTERN = re.compile(r"^([0-9]{1,9})/([smh])$")
+_RATE_SHAPE = re.compile(r"^([0-9]+)/([smh])$")
 
 # The limits are stored as PostgreSQL integers: larger values are refused with a clear message.
 MAX_LIMIT = 2**31 - 1
@@ -68,12 +70,12 @@ def parse_rate_limit(rate_limit: str | None) -> tuple[int | None, float | None]:
     """("N/s" | "N/m" | "N/h") -> (N, period in seconds); None -> (None, None); InvalidLimit otherwise."""
     if rate_limit is None:
         return None, None
-    match = _RATE_PATTERN.fullmatch(rate_limit) if isinstance(rate_limit, str) else None
+    match = _RATE_SHAPE.fullmatch(rate_limit) if isinstance(rate_limit, str) else None
     if match is None:
         raise InvalidLimit(f"invalid rate limit {rate_limit!r}: write N/s, N/m or N/h (for example '10/s')")
+    if RATE_LIMIT_PATTERN.fullmatch(rate_limit) is None:
+        raise InvalidLimit(f"invalid rate limit {rate_limit!r}: at most 999999999 starts per period")
     count = int(match.group(1))
-    if count > MAX_LIMIT:
-        raise InvalidLimit(f"invalid rate limit {rate_limit!r}: at most {MAX_LIMIT} starts per period")
     return count, RATE_PERIODS_S[match.group(2)]
 
 

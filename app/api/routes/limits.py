@@ -30,7 +30,7 @@ def get_queue_limits(queue: QueueName, pool: PoolDep) -> JSONResponse:
 
 
 @router.put("/v1/queues/{queue}/limits", response_model=QueueLimitsPublic, **scoped("admin"),
-            responses=error_responses(401, 403, 422))
+            responses=error_responses(400, 401, 403, 422))
 def set_queue_limits(queue: QueueName, change: QueueLimitsChange, pool: PoolDep) -> JSONResponse:
     """Change the queue's limits: each field given replaces its limit (null removes it); kept until reset."""
     given = change.model_fields_set

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -91,7 +91,10 @@ class QueueSnapshot:
         yield from (concurrency, rate, per_key, running, starts, key_running)
 
 
-@router.get("/metrics", responses=error_responses(401, 403),
+@router.get("/metrics", response_class=PlainTextResponse,
+            responses={200: {"description": "The Prometheus text exposition format",
+                             "content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}}},
+                       **error_responses(401, 403)},
             openapi_extra={"x-required-scope": "none (or read when metrics_public is false)"})
 def metrics(request: Request, pool: PoolDep) -> Response:
     """Prometheus metrics: unfinished jobs per queue and status, depth, lag, paused and failing queues, and the
