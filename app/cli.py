@@ -121,7 +121,8 @@ def cmd_queues(args: argparse.Namespace) -> int:
         print(json.dumps({"queues": rows, "limits": usage}, default=str, indent=2))
         return 0
     _print(rows, ["queue", "paused", *(s.value for s in JobStatus)], False)
-    print(f"(done, dead and cancelled: finished within the last {admin.FINISHED_COUNTS_WINDOW_S / 3600:g} h)")
+    print(f"(done, dead and cancelled: finished within the last {admin.FINISHED_COUNTS_WINDOW_S / 3600:g} h)",
+          file=sys.stderr)
     if usage:
         print("\nlimits (per key where per_key; running now, starts within the rate window)")
         for r in usage:

@@ -87,7 +87,10 @@ class Worker:
         self.run_maintenance = run_maintenance
         self.listen = listen
         self.metrics_port = metrics_port
-        self.schedules = list(schedules if schedules is not None else self.registry.schedules())
+        # Periodic schedules: those given, else the registry's for the queues this worker serves (a module's
+        # schedule is enqueued by the workers that run its queue's consumer).
+        self.schedules = (list(schedules) if schedules is not None
+                          else [s for s in self.registry.schedules() if s.queue in by_queue])
         self.dispatcher = Dispatcher(self.state)
         self.handlers = HandlerThreads(self.state)
         self.completer = Completer(self.state, self.dispatcher.claim_into_freed_slots)

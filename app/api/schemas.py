@@ -13,6 +13,7 @@ from pydantic import (
     WithJsonSchema,
     model_validator,
 )
+from pydantic.json_schema import JsonDict
 
 from outboxq.queue.enqueue import MAX_KEY_LENGTH, PRIORITY_RANGE, QUEUE_NAME_PATTERN
 from outboxq.queue.limits import RATE_LIMIT_PATTERN
@@ -57,7 +58,7 @@ class DependencyRef(RequestModel):
 # What a job's fields require of each other, in the document as the server checks it (so that what the
 # document calls valid is what the server accepts): run_at and delay_seconds exclude each other (neither
 # null), and a `unique` other than "forever" needs a key.
-JOB_FIELD_RULES = {"allOf": [
+JOB_FIELD_RULES: JsonDict = {"allOf": [
     {"not": {"required": ["run_at", "delay_seconds"],
              "properties": {"run_at": {"type": "string"}, "delay_seconds": {"type": "number"}}}},
     {"if": {"required": ["unique"], "properties": {"unique": {"not": {"const": "forever"}}}},

@@ -46,7 +46,8 @@ def test_periodic_schedules_under_faults_make_one_run_per_slot_and_gaps_only_whe
     details = dict(result.details)
     every_all = next(v for k, v in details.items() if k.startswith("chaos-every-all"))
     every_skip = next(v for k, v in details.items() if k.startswith("chaos-every-skip"))
-    assert int(every_all.split()[0]) >= 20 and " 0 skipped" in every_all  # missed="all" catches up
+    # missed="all" catches up: no slot skipped, and at least the run's length in slots (no gap: result.gaps)
+    assert int(every_all.split()[0]) >= 8 and " 0 skipped" in every_all
     assert " 0 skipped" not in every_skip  # missed="skip" left the outage's slots out, as documented
 
 
