@@ -50,8 +50,9 @@ class Schedule:
             period = self.every.total_seconds()
             k = math.floor((moment - _EPOCH).total_seconds() / period) + 1
             return _EPOCH + timedelta(seconds=k * period)
+        assert self.cron is not None  # periodic() gives a schedule exactly one of cron and every
         it = croniter(self.cron, moment.astimezone(ZoneInfo(self.timezone)),
-                      second_at_beginning=len(self.cron.split()) == 6)  # type: ignore[union-attr]
+                      second_at_beginning=len(self.cron.split()) == 6)
         return it.get_next(datetime).astimezone(UTC)
 
     def slots_between(self, first: datetime, last: datetime, limit: int = MAX_CATCH_UP_SLOTS) -> list[datetime]:
@@ -65,8 +66,9 @@ class Schedule:
             skip = max(0, count - limit)
             return [first + timedelta(seconds=(skip + i) * period) for i in range(count - skip)]
         newest: list[datetime] = []
+        assert self.cron is not None  # periodic() gives a schedule exactly one of cron and every
         it = croniter(self.cron, last.astimezone(ZoneInfo(self.timezone)) + timedelta(microseconds=1),
-                      second_at_beginning=len(self.cron.split()) == 6, is_prev=True)  # type: ignore[union-attr]
+                      second_at_beginning=len(self.cron.split()) == 6, is_prev=True)
         while len(newest) < limit:
             slot = it.get_prev(datetime).astimezone(UTC)
             if slot < first:
