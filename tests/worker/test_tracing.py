@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import psycopg
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
@@ -9,7 +11,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from outboxq import get_job
+from outboxq import enqueue, get_job
 from outboxq.workers.registry import Consumer
 from outboxq.workers.runner import Worker
 from tests.api_support import api_client
@@ -63,3 +65,28 @@ def test_a_job_is_traced_from_the_http_request_to_its_handler(db_url):
     assert seen_in_handler == [trace_id, trace_id]  # the handler's own spans join the trace
     with psycopg.connect(db_url) as c:
         assert get_job(c, job_id).context["traceparent"].split("-")[1] == format(trace_id, "032x")
+
+
+def test_an_async_handlers_own_spans_are_children_of_its_consume_span(db_url):
+    _tracer_provider()
+    EXPORTER.clear()
+    tracer = trace.get_tracer("tests")
+
+    async def handler(payload, ctx):
+        with tracer.start_as_current_span("inside the async handler"):
+            await asyncio.sleep(0)
+
+    with psycopg.connect(db_url) as conn:
+        job = enqueue(conn, "traced-async", {"n": 1})
+        conn.commit()
+    worker = Worker([Consumer("traced-async", handler)], url=db_url, poll_interval=0.05,
+                    run_maintenance=False).start()
+    try:
+        wait_for(lambda: status_of(db_url, job.id) == "done")
+    finally:
+        worker.stop(timeout=5)
+    spans = EXPORTER.get_finished_spans()
+    consume = next(s for s in spans if s.name == "outboxq.consume traced-async")
+    inner = next(s for s in spans if s.name == "inside the async handler")
+    assert inner.parent is not None and inner.parent.span_id == consume.context.span_id
+    assert inner.context.trace_id == consume.context.trace_id
