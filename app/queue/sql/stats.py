@@ -56,7 +56,7 @@ ORDER BY b.minute
 
 #
 # One branch per unfinished status, each matching a partial index's predicate, so the cost follows the
-# unfinished jobs and never the finished history (tests/test_query_plans.py checks the plans).
+# unfinished jobs and never the finished history (tests/queue/test_query_plans.py checks the plans).
 metrics_unfinished_counts = """
 SELECT queue, 'queued' AS status, count(*) AS n FROM outboxq_jobs WHERE status = 'queued' GROUP BY queue
 UNION ALL
