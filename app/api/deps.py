@@ -53,12 +53,13 @@ def idempotent_write(
     idempotency_key: str | None,
     request_body: Callable[[], Any],
     work: Callable[[psycopg.Connection[Any]], Any],
-    status: int = 201,
+    status: int | Callable[[], int] = 201,
 ) -> JSONResponse:
     """Run `work` in one transaction, with the Idempotency-Key row (when given) written in the same one.
 
     The same key and body again answer 200 with the stored response and write nothing; the same key with
     another body is a 409. `request_body` gives the JSON of the request (called only when a key is given).
+    `status` is the answer's status, or a function asked once `work` has run.
     """
     scope = f"{principal_id}:{request.method} {request.url.path}"
     body_hash = idempotency.request_hash(request_body()) if idempotency_key is not None else ""
@@ -68,6 +69,7 @@ def idempotent_write(
             if stored is not None:
                 return JSONResponse(stored.body, status_code=200)
         body = work(conn)
+        status = status() if callable(status) else status
         if idempotency_key is not None:
             idempotency.record(conn, scope, idempotency_key, body_hash, status, body)
     return JSONResponse(body, status_code=status)

@@ -10,7 +10,7 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
-from outboxq.errors import InvalidTransition, JobNotFound
+from outboxq.errors import InvalidInput, InvalidTransition, JobNotFound
 from outboxq.queue import sql
 from outboxq.queue.enqueue import get_job, psycopg_connection, validate_queue_name
 from outboxq.queue.jobs import Job, JobStatus
@@ -120,6 +120,9 @@ def queue_counts(conn: Any) -> list[QueueInfo]:
 
 
 def _since(age_days: float, now: datetime | None) -> datetime:
+    if not 0 < age_days <= MAX_STATS_AGE_DAYS:  # (nan fails too)
+        raise InvalidInput(f"age_days must be more than 0 and at most {MAX_STATS_AGE_DAYS} (the stats read a "
+                           f"window of history, never all of it), not {age_days!r}")
     return (now or datetime.now(UTC)) - timedelta(days=age_days)
 
 

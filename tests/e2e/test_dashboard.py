@@ -98,6 +98,7 @@ def test_dashboard_shows_queues_retries_a_failed_job_and_pauses_a_queue(db_url, 
             page.wait_for_selector("#throughput-chart")
             page.screenshot(path=str(SHOTS / "queues.png"), full_page=True)
             assert "dead" in page.inner_text("#queues thead")
+            assert page.inner_text("#finished-window").endswith("finished in the last 24 h")
 
             # A failed job's page: its error with the traceback; retry it once the downstream is back.
             page.goto(f"{server}/ui/#/jobs/{failed_job.id}")

@@ -172,7 +172,9 @@ def test_http_enqueue_takes_unique_and_on_conflict(db_url):
         refused = api.post("/v1/queues/mail/jobs", json=body)
         assert refused.status_code == 409
         same = api.post("/v1/queues/mail/jobs", json={**body, "on_conflict": "ignore"})
-        assert same.status_code in (200, 201) and same.json()["id"] == first.json()["id"]
+        assert same.status_code == 200 and same.json()["id"] == first.json()["id"]  # the holder, not written
+        fresh = api.post("/v1/queues/mail/jobs", json={**body, "key": "h2", "on_conflict": "ignore"})
+        assert fresh.status_code == 201 and fresh.json()["key"] == "h2"
         finish(db_url, first.json()["id"])
         again = api.post("/v1/queues/mail/jobs", json=body)
         assert again.status_code == 201 and again.json()["id"] != first.json()["id"]

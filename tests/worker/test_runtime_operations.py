@@ -17,7 +17,7 @@ import pytest
 from psycopg.rows import dict_row
 
 from outboxq import enqueue, enqueue_many, get_job
-from outboxq.errors import InvalidTransition
+from outboxq.errors import InvalidInput, InvalidTransition
 from outboxq.queue import admin, sql
 from outboxq.queue.jobs import JobStatus
 from outboxq.testing import JobFailed, TestQueue
@@ -202,6 +202,9 @@ def test_retry_and_processing_time_statistics_per_queue(dict_conn):
     assert times["min_ms"] == pytest.approx(100) and times["max_ms"] == pytest.approx(1000)
     assert times["avg_ms"] == pytest.approx(400) and times["p50_ms"] == pytest.approx(300)
     assert times["p90_ms"] == pytest.approx(760) and times["p99_ms"] == pytest.approx(976)
+    for too_long in (30.0, 0.0, float("nan")):  # a window of history, never all of it (CLI and HTTP alike)
+        with pytest.raises(InvalidInput, match="age_days must be more than 0 and at most 7"):
+            admin.retry_stats(dict_conn, age_days=too_long)
 
 
 def test_health_goes_unhealthy_after_allowed_error_time_with_grace_and_hooks_into_and_out_of_error(

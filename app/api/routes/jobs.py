@@ -23,7 +23,7 @@ from outboxq.api.errors import ApiProblem, error_responses
 from outboxq.api.routing import OutboxqRoute, api_state
 from outboxq.api.schemas import JobBatchCreate, JobBatchPublic, JobCreate, JobPage, JobPublic, job_public
 from outboxq.errors import InvalidInput, JobNotFound
-from outboxq.queue import admin, feed
+from outboxq.queue import admin, feed, sql
 from outboxq.queue.enqueue import enqueue, enqueue_many, get_job
 from outboxq.queue.jobs import JobStatus
 
@@ -64,19 +64,28 @@ def _options(job: JobCreate) -> dict[str, Any]:
 
 
 @router.post("/v1/queues/{queue}/jobs", status_code=201, response_model=JobPublic, **scoped("enqueue"),
-             responses={200: {"model": JobPublic, "description": "A retry with the same Idempotency-Key"},
+             responses={200: {"model": JobPublic, "description": "A retry with the same Idempotency-Key, or "
+                                                                  "the job holding the key (on_conflict ignore)"},
                         **error_responses(400, 401, 403, 409, 413, 422)})
 def create_job(queue: QueueName, body: JobCreate, request: Request, principal: EnqueuePrincipal,
                pool: PoolDep, settings: SettingsDep, idempotency_key: IdempotencyKey = None) -> JSONResponse:
-    """Enqueue one job (201); with an Idempotency-Key, a retry of the same request answers 200 with the same job."""
+    """Enqueue one job (201); with an Idempotency-Key, a retry of the same request answers 200 with the same job,
+    and so does on_conflict="ignore" when the job holding the key is returned (nothing written)."""
     check_payload_size(body.payload, settings.max_payload_bytes)
     check_dependency_count([body], settings.max_dependencies_per_request)
+    existed: list[bool] = []
 
     def work(conn: Any) -> dict[str, Any]:
-        return job_public(enqueue(conn, queue, body.payload, **_options(body)))
+        job = enqueue(conn, queue, body.payload, **_options(body))
+        if body.on_conflict == "ignore" and body.key is not None:
+            # The job holding the key was returned, not written, when it was created before this transaction.
+            started = conn.execute(sql.transaction_started_at).fetchone()["now"]
+            existed.append(job.created_at is not None and job.created_at < started)
+        return job_public(job)
 
     return idempotent_write(request, pool, principal.id, idempotency_key,
-                            lambda: body.model_dump(mode="json", exclude_unset=True), work)
+                            lambda: body.model_dump(mode="json", exclude_unset=True), work,
+                            status=lambda: 200 if any(existed) else 201)
 
 
 @router.post("/v1/queues/{queue}/jobs/batch", status_code=201, response_model=JobBatchPublic,

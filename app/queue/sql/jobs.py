@@ -103,6 +103,9 @@ SELECT %(job_id)s, unnest(%(depends_on_ids)s::bigint[])
 
 job_get = f"SELECT {JOB_COLUMNS} FROM outboxq_jobs WHERE id = %(id)s"
 
+# When the current transaction began (its now()): a job created before it was not written by it.
+transaction_started_at = "SELECT now() AS now"
+
 # What every claim sets on a job it takes (workers' batch and by-id claims, flow control's claims through
 # job_claim_batch, Spark's snapshot claim): running, one more attempt, a lease under the claimer's token.
 CLAIM_SET = """SET status = 'running',

@@ -129,6 +129,7 @@ async function showQueues() {
     </section>
     <section class="card">
       <h2>Queues</h2>
+      <p class="note" id="finished-window">done, dead and cancelled: jobs finished in the last ${(queuesData.finished_window_s || 0) / 3600} h</p>
       <table id="queues"><thead><tr><th>queue</th><th>state</th>${STATUSES.map(s => `<th>${s}</th>`).join("")}<th>limits</th><th></th></tr></thead>
       <tbody>${rows || `<tr><td colspan="11">No queues yet.</td></tr>`}</tbody></table>
     </section>`;
