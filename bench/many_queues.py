@@ -8,50 +8,26 @@ Makes (and drops first) the database outboxq_manyq on that server.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-import time
 
 import psycopg
+from bench_db import drain_seconds, fresh_database
 
 from outboxq import enqueue_many
-from outboxq.workers.registry import Consumer
-from outboxq.workers.runner import Worker
 
 ADMIN = sys.argv[1] if len(sys.argv) > 1 else "postgresql://root@127.0.0.1:5432/root"
-DATABASE = "outboxq_manyq"
-
-
-def fresh_database() -> str:
-    """A new migrated database; its URL."""
-    with psycopg.connect(ADMIN, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {DATABASE}")
-        conn.execute(f"CREATE DATABASE {DATABASE}")
-    url = ADMIN.rsplit("/", 1)[0] + "/" + DATABASE
-    subprocess.run([sys.executable, "-m", "outboxq.cli", "--log-level", "WARNING", "migrate"],
-                   env={**os.environ, "DATABASE_URL": url}, check=True, capture_output=True)
-    return url
 
 
 def drain(queues: list[str], per_queue: int) -> float:
     """Jobs/s of one worker draining `per_queue` no-op jobs in each of `queues`."""
-    url = fresh_database()
+    url = fresh_database(ADMIN, "outboxq_manyq")
     with psycopg.connect(url) as conn:
         for queue in queues:
             enqueue_many(conn, queue, [{}] * per_queue)
         conn.commit()
         conn.autocommit = True
         conn.execute("VACUUM ANALYZE outboxq_jobs")
-    worker = Worker([Consumer(q, lambda payload: None) for q in queues], url=url, run_maintenance=False)
-    started = time.perf_counter()
-    worker.start()
-    with psycopg.connect(url, autocommit=True) as conn:
-        while conn.execute("SELECT count(*) FROM outboxq_jobs WHERE status <> 'done'").fetchone()[0]:
-            time.sleep(0.05)
-    elapsed = time.perf_counter() - started
-    worker.stop(timeout=5)
-    return len(queues) * per_queue / elapsed
+    return len(queues) * per_queue / drain_seconds(url, queues, run_maintenance=False)
 
 
 if __name__ == "__main__":

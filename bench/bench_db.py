@@ -1,0 +1,38 @@
+"""What the bench scripts share: a fresh migrated database, and the time a worker takes to drain it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+
+import psycopg
+
+from outboxq.workers.registry import Consumer
+from outboxq.workers.runner import Worker
+
+
+def fresh_database(admin_url: str, name: str) -> str:
+    """Drop and create database `name` on `admin_url`'s server, migrate it; its URL."""
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name}")
+        conn.execute(f"CREATE DATABASE {name}")
+    url = admin_url.rsplit("/", 1)[0] + "/" + name
+    subprocess.run([sys.executable, "-m", "outboxq.cli", "--log-level", "WARNING", "migrate"],
+                   env={**os.environ, "DATABASE_URL": url}, check=True, capture_output=True)
+    return url
+
+
+def drain_seconds(url: str, queues: Iterable[str], **worker_options: object) -> float:
+    """Seconds one in-process worker (no-op handlers) takes until no job of the database is unfinished."""
+    worker = Worker([Consumer(q, lambda payload: None) for q in queues], url=url, **worker_options)
+    started = time.perf_counter()
+    worker.start()
+    with psycopg.connect(url, autocommit=True) as conn:
+        while conn.execute("SELECT count(*) FROM outboxq_jobs WHERE status <> 'done'").fetchone()[0]:
+            time.sleep(0.05)
+    elapsed = time.perf_counter() - started
+    worker.stop(timeout=5)
+    return elapsed
