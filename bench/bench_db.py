@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterable
 
 import psycopg
 
+from outboxq.db import url_with_database
+from outboxq.queue import migrate
 from outboxq.workers.registry import Consumer
 from outboxq.workers.runner import Worker
 
@@ -19,9 +18,8 @@ def fresh_database(admin_url: str, name: str) -> str:
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {name}")
         conn.execute(f"CREATE DATABASE {name}")
-    url = admin_url.rsplit("/", 1)[0] + "/" + name
-    subprocess.run([sys.executable, "-m", "outboxq.cli", "--log-level", "WARNING", "migrate"],
-                   env={**os.environ, "DATABASE_URL": url}, check=True, capture_output=True)
+    url = url_with_database(admin_url, name)
+    migrate.upgrade(url)
     return url
 
 

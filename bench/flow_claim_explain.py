@@ -26,7 +26,8 @@ from psycopg.rows import dict_row
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from outboxq.db import database_url, url_with_database  # noqa: E402
-from outboxq.queue import limits, limits_sql, migrate, sql  # noqa: E402
+from outboxq.queue import limits, migrate, sql  # noqa: E402
+from outboxq.queue.sql import limits as limits_sql  # noqa: E402
 
 CLAIMS = {"unlimited": sql.job_claim_batch, "global_concurrency": limits_sql.job_claim_limited,
           "per_key": limits_sql.job_claim_limited_per_key}

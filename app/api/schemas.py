@@ -33,13 +33,13 @@ def _a_json_number(value: Any) -> Any:
 # Request numbers as JSON Schema means them: 5 and 5.0 are the integer 5; true and "5" are no number (strict
 # mode would refuse 5.0, lax mode takes true and "5"). The bounds come before the validator, or the document
 # loses them.
-_NOT_BOOLEAN = BeforeValidator(_a_json_number)
-DelaySeconds = Annotated[float, Field(ge=0, le=MAX_DELAY_S, allow_inf_nan=False), _NOT_BOOLEAN]
-UniqueSeconds = Annotated[float, Field(gt=0, le=MAX_DELAY_S, allow_inf_nan=False), _NOT_BOOLEAN]
-Priority = Annotated[int, Field(ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1]), _NOT_BOOLEAN]
-MaxAttempts = Annotated[int, Field(ge=0, le=1_000_000), _NOT_BOOLEAN]
-Concurrency = Annotated[int, Field(ge=0, le=2**31 - 1), _NOT_BOOLEAN]
-BatchSize = Annotated[int, Field(ge=1, le=1_000_000), _NOT_BOOLEAN]
+_A_JSON_NUMBER = BeforeValidator(_a_json_number)
+DelaySeconds = Annotated[float, Field(ge=0, le=MAX_DELAY_S, allow_inf_nan=False), _A_JSON_NUMBER]
+UniqueSeconds = Annotated[float, Field(gt=0, le=MAX_DELAY_S, allow_inf_nan=False), _A_JSON_NUMBER]
+Priority = Annotated[int, Field(ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1]), _A_JSON_NUMBER]
+MaxAttempts = Annotated[int, Field(ge=0, le=1_000_000), _A_JSON_NUMBER]
+Concurrency = Annotated[int, Field(ge=0, le=2**31 - 1), _A_JSON_NUMBER]
+BatchSize = Annotated[int, Field(ge=1, le=1_000_000), _A_JSON_NUMBER]
 
 
 class RequestModel(BaseModel):
