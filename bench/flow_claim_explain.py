@@ -90,6 +90,7 @@ def main() -> int:
     parser.add_argument("--limit", type=int, default=500)
     parser.add_argument("--claims", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--plan", action="store_true", help="also print each claim's plan in the middle of the drain")
     args = parser.parse_args()
 
     server = args.url or os.environ.get("DATABASE_URL") or database_url()
@@ -111,6 +112,11 @@ def main() -> int:
                 print(f"  {kind:18} at rest: planning {at_rest[0]:5.2f} ms, execution {at_rest[1]:6.2f} ms, "
                       f"{at_rest[2]:6,} buffers | after {args.claims} claims: planning {mid[0]:5.2f} ms, "
                       f"execution {mid[1]:6.2f} ms, {mid[2]:6,} buffers")
+                if args.plan:
+                    rows = conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + CLAIMS[kind],
+                                        params(args.limit, after_key)).fetchall()
+                    conn.rollback()
+                    print("\n".join("      " + r["QUERY PLAN"] for r in rows))
     finally:
         with psycopg.connect(server, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
