@@ -75,7 +75,7 @@ def drain_some(conn: psycopg.Connection, kind: str, limit: int, claims: int) -> 
         rows = conn.execute(CLAIMS[kind], p).fetchall()
         conn.commit()
         if kind == "per_key" and rows:
-            after_key = max(rows, key=lambda r: r["limit_key_pos"])["limit_key"]
+            after_key = limits.round_robin(rows, after_key)[1]
         conn.execute(sql.job_complete_batch, {"ids": [r["id"] for r in rows],
                                               "lease_tokens": [p["lease_token"]] * len(rows)}).fetchall()
         conn.commit()

@@ -167,12 +167,13 @@ class Dispatcher:
             jobs = self.claim(conn, consumer, limit, statement=limits_sql.job_claim_limited_per_key,
                               params={"after_key": after_key, "max_keys": flow_limits.key_budget(limit)},
                               rows_out=rows)
-        if rows:  # the round robin resumes after the last key served
-            self._limit_cursor[consumer.queue] = max(rows, key=lambda r: r["limit_key_pos"])["limit_key"]
+        if rows:
             # Handlers take the batch in round-robin order too (every key's first job, then every key's second...):
-            # a key that just arrived does not wait behind another key's share of the batch.
-            turn = {r["id"]: (r["limit_key_turn"], r["limit_key_pos"]) for r in rows}
-            jobs.sort(key=lambda job: turn[job.id])
+            # a key that just arrived does not wait behind another key's share of the batch. The next claim
+            # resumes after the last key served.
+            ordered, self._limit_cursor[consumer.queue] = flow_limits.round_robin(rows, after_key)
+            place = {r["id"]: i for i, r in enumerate(ordered)}
+            jobs.sort(key=lambda job: place[job.id])
         return jobs
 
     def claim(self, conn: DictConnection, consumer: Consumer, limit: int,

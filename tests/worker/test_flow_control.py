@@ -242,3 +242,27 @@ def test_a_queue_without_limits_claims_with_the_unlimited_statement(db_url):
         worker.stop(timeout=5)
     assert claimed_with and set(claimed_with) == {None}
     assert worker.state.limits == {}
+
+
+def test_a_per_key_claim_hands_out_jobs_round_robin_and_resumes_after_the_last_key_served(db_url):
+    """Every key's first job, then every key's second job..., the keys in scan order (after the last key the
+    previous claim served, wrapping around); the next claim resumes after the last key of this one."""
+    consumer = Consumer("flow_rr", lambda payload: None, global_concurrency=10, limit_by="tenant")
+    keys = ["a", "a", "a", "b", "c", "c", "d"]
+    with psycopg.connect(db_url) as conn:
+        jobs = enqueue_many(conn, "flow_rr", [{"n": i} for i in range(len(keys))], limit_keys=keys)
+        limits.declare(conn, consumer.limits)
+        conn.commit()
+    key_of = {job.id: key for job, key in zip(jobs, keys, strict=True)}
+    worker = Worker([consumer], url=db_url, run_maintenance=False, listen=False)
+    queue_limits = limits.QueueLimits("flow_rr", global_concurrency=10, per_key=True)
+    with worker.connect() as conn:
+        worker.dispatcher._limit_cursor["flow_rr"] = "b"  # as if the previous claim ended with key b
+        first = worker.claim_limited(conn, consumer, queue_limits, 5)
+        # Four keys share five jobs (at most two each): c, d, then a and b (wrapped around), then c again.
+        assert [key_of[j.id] for j in first] == ["c", "d", "a", "b", "c"]
+        assert [j.id for j in first if key_of[j.id] == "c"] == [jobs[4].id, jobs[5].id]  # a key's jobs in order
+        assert worker.dispatcher._limit_cursor["flow_rr"] == "b"
+        second = worker.claim_limited(conn, consumer, queue_limits, 5)
+        assert [j.id for j in second] == [jobs[1].id, jobs[2].id]
+        assert worker.dispatcher._limit_cursor["flow_rr"] == "a"
