@@ -168,9 +168,8 @@ flow_claimed_keys AS (SELECT '' AS limit_key, count(*)::int AS n FROM flow_claim
 # scan: the worker resumes after the last key it served (outboxq.queue.limits.round_robin computes the same
 # order from the rows returned: joining them back to flow_picked here cost a tenth of the claim).
 # The skip scan keeps each key's first live index entry (priority, run_at, id), and the key's jobs are read
-# from there: during a drain the entries of the jobs
-# already claimed lie at the front of every key's range, and walking them twice per key per claim cost more
-# than the claim itself. `attempts >= 0` (always true) reads a column the index lacks, so the scan visits the
+# from there: during a drain the entries of the jobs already claimed lie at the front of every key's range,
+# and walking them twice per key per claim cost more than the claim itself. `attempts >= 0` (always true) reads a column the index lacks, so the scan visits the
 # heap instead of being index-only: only then does PostgreSQL mark the dead entries it meets as dead in the
 # index (so the next claims step over them without a heap visit; measured: 15 -> 9 ms per claim of 500).
 _FIRST_OF_NEXT_KEY = """SELECT j.limit_key, j.priority, j.run_at, j.id FROM outboxq_jobs j
