@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from outboxq.db import database_url, url_with_database  # noqa: E402
 from outboxq.queue import limits, migrate, sql  # noqa: E402
 from outboxq.queue.sql import limits as limits_sql  # noqa: E402
+from outboxq.workers.claim_cursor import FROM_THE_FRONT  # noqa: E402
 
 CLAIMS = {"unlimited": sql.job_claim_batch, "global_concurrency": limits_sql.job_claim_limited,
           "per_key": limits_sql.job_claim_limited_per_key}
@@ -49,7 +50,7 @@ def fill(conn: psycopg.Connection, kind: str, keys: int, jobs: int) -> None:
 def params(limit: int, after_key: str) -> dict:
     """The claim's parameters, as the worker passes them."""
     return {"queue": "q", "limit": limit, "lease_token": uuid.uuid4(), "lease_s": 30.0, "worker_id": "bench",
-            "default_max_attempts": 5, "after_key": after_key, "max_keys": limits.key_budget(limit)}
+            "default_max_attempts": 5, **FROM_THE_FRONT, "after_key": after_key, "max_keys": limits.key_budget(limit)}
 
 
 def explain(conn: psycopg.Connection, kind: str, limit: int, after_key: str, repeat: int) -> tuple[float, float, int]:

@@ -904,11 +904,12 @@ def claim_plan(url: str, limit: int = 500) -> dict[str, Any]:
     import uuid
 
     from outboxq.queue import sql
+    from outboxq.workers.claim_cursor import FROM_THE_FRONT
 
     with psycopg.ClientCursor(psycopg.connect(url)) as cur:
         cur.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql.job_claim_batch, {
             "queue": "bench", "limit": limit, "lease_token": uuid.uuid4(), "lease_s": 60.0,
-            "worker_id": "bench", "default_max_attempts": 25,
+            "worker_id": "bench", "default_max_attempts": 25, **FROM_THE_FRONT,
         })
         plan = cur.fetchone()[0][0]  # type: ignore[index]
         cur.connection.rollback()

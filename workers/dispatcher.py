@@ -14,6 +14,7 @@ from outboxq.db import DictConnection
 from outboxq.queue import limits as flow_limits
 from outboxq.queue import sql
 from outboxq.queue.sql import limits as limits_sql
+from outboxq.workers.claim_cursor import FROM_THE_FRONT, ClaimCursors
 from outboxq.workers.context import JobContext
 from outboxq.workers.executor import ClaimedJob, Outcome
 from outboxq.workers.registry import Consumer
@@ -33,6 +34,7 @@ class Dispatcher:
         self.state = state
         self._limits_read_at: float | None = None
         self._limit_cursor: dict[str, str] = {}  # per-key queues: where the round robin resumes
+        self.cursors = ClaimCursors()  # other queues: where the next claim reads the claim index from
 
     def loop(self) -> None:
         """Claim until the worker stops."""
@@ -176,6 +178,22 @@ class Dispatcher:
             jobs.sort(key=lambda job: place[job.id])
         return jobs
 
+    def _claim_from_cursor(self, conn: DictConnection, queue: str, statement: str,
+                           values: dict[str, Any]) -> list[dict[str, Any]]:
+        """Run a claim from the queue's claim cursor; when that comes back short, claim the rest from the front
+        of the claim index in the same transaction (the jobs just claimed are running for it: none comes twice)."""
+        cursor = self.cursors.params(queue)
+        started = time.monotonic()
+        rows = conn.execute(statement, {**values, **cursor}).fetchall()
+        from_front_s = None if cursor is not FROM_THE_FRONT else time.monotonic() - started
+        if cursor is not FROM_THE_FRONT and len(rows) < values["limit"]:
+            started = time.monotonic()
+            rows += conn.execute(statement, {**values, **FROM_THE_FRONT,
+                                             "limit": values["limit"] - len(rows)}).fetchall()
+            from_front_s = time.monotonic() - started
+        self.cursors.claimed(queue, rows, values["limit"], from_front_s)
+        return rows
+
     def claim(self, conn: DictConnection, consumer: Consumer, limit: int,
               statement: str = sql.job_claim_batch, params: dict[str, Any] | None = None,
               rows_out: list[dict[str, Any]] | None = None) -> list[ClaimedJob]:
@@ -184,18 +202,19 @@ class Dispatcher:
         lease_token = uuid.uuid4()
         lease_s = consumer.effective_lease_s(s.settings)
         policy = consumer.retry_policy(s.settings)
-        rows = conn.execute(
-            statement,
-            {
-                "queue": consumer.queue,
-                "limit": limit,
-                "lease_token": lease_token,
-                "lease_s": lease_s,
-                "worker_id": s.worker_id,
-                "default_max_attempts": policy.max_attempts,
-                **(params or {}),
-            },
-        ).fetchall()
+        values = {
+            "queue": consumer.queue,
+            "limit": limit,
+            "lease_token": lease_token,
+            "lease_s": lease_s,
+            "worker_id": s.worker_id,
+            "default_max_attempts": policy.max_attempts,
+            **(params or {}),
+        }
+        if statement is limits_sql.job_claim_limited_per_key:  # its own resume point: the round robin's key
+            rows = conn.execute(statement, values).fetchall()
+        else:
+            rows = self._claim_from_cursor(conn, consumer.queue, statement, values)
         conn.commit()
         if rows_out is not None:
             rows_out.extend(rows)

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from outboxq.queue import sql
+from outboxq.workers.claim_cursor import FROM_THE_FRONT
 
 HISTORY = 200_000
 
@@ -61,7 +62,7 @@ def assert_no_seq_scan(plan: dict) -> None:
 def test_the_claim_reads_the_claim_index(history):
     plan = plan_of(history, sql.job_claim_batch, {
         "queue": "emails", "limit": 500, "lease_token": uuid.uuid4(), "lease_s": 60.0, "worker_id": "w",
-        "default_max_attempts": 25,
+        "default_max_attempts": 25, **FROM_THE_FRONT,
     })
     assert_no_seq_scan(plan)
     assert ("Index Scan", "outboxq_jobs_claim_idx") in scans_of_jobs(plan) or \
@@ -194,6 +195,6 @@ def test_the_limited_claim_and_the_usage_never_scan_the_finished_history(many_ke
     many_keys.commit()
     plan = plan_of(many_keys, getattr(limits_sql, name), {
         "queue": "emails", "limit": 500, "lease_token": uuid.uuid4(), "lease_s": 60.0, "worker_id": "w",
-        "default_max_attempts": 25})
+        "default_max_attempts": 25, **FROM_THE_FRONT})
     assert_no_seq_scan(plan)
     assert reads_of_jobs(plan) and all(index is not None for _, index in reads_of_jobs(plan)), reads_of_jobs(plan)

@@ -21,6 +21,7 @@ from outboxq.errors import InvalidInput, InvalidTransition
 from outboxq.queue import admin, sql
 from outboxq.queue.jobs import JobStatus
 from outboxq.testing import JobFailed, TestQueue
+from outboxq.workers.claim_cursor import FROM_THE_FRONT
 from outboxq.workers.maintenance import prune
 from outboxq.workers.registry import Consumer, register
 from outboxq.workers.runner import Worker
@@ -168,7 +169,7 @@ def test_claim_query_uses_the_claim_index_with_many_finished_rows_present(dict_c
     dict_conn.commit()
     dict_conn.execute("ANALYZE outboxq_jobs")
     params = {"queue": "busy", "limit": 10, "lease_token": uuid.uuid4(), "lease_s": 30.0, "worker_id": "w",
-              "default_max_attempts": 5}
+              "default_max_attempts": 5, **FROM_THE_FRONT}
     plan = "\n".join(r["QUERY PLAN"] for r in dict_conn.execute("EXPLAIN " + sql.job_claim_batch, params))
     assert "outboxq_jobs_claim_idx" in plan, plan
     assert "Seq Scan on outboxq_jobs" not in plan, plan

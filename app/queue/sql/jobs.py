@@ -132,6 +132,14 @@ RETRY_SET = """SET status = 'queued', run_at = now(), finished_at = NULL, cancel
 # queue is failing take at most one retrying job (and none while another retry is in flight), so that a
 # downstream that is down sees one probe at a time instead of every retry at once. The picked ids go to the
 # UPDATE as an array: a join would let the planner hash-join a sequential scan of the whole table.
+# Where a claim's scan of the claim index starts (outboxq.workers.claim_cursor): after the last job this
+# worker's previous claim of the queue took, or (all NULL) at the front. While an old snapshot holds back
+# vacuum, the entries of every job claimed so far stay at the front of the index, and a scan from the front
+# walks them all on every claim (issue 17: the drain slowed to half). The sentinels are below any job (ids
+# start at 1), and stay an index condition in a generic plan as well.
+CLAIM_CURSOR = ("coalesce(%(after_priority)s::smallint, -32768), coalesce(%(after_run_at)s::timestamptz, "
+                "'-infinity'), coalesce(%(after_id)s::bigint, 0)")
+
 job_claim_batch = f"""
 WITH queue_state AS (
     SELECT coalesce(bool_or(paused), false) AS paused,
@@ -141,6 +149,7 @@ WITH queue_state AS (
 fresh AS (
     SELECT id FROM outboxq_jobs
     WHERE queue = %(queue)s AND status = 'queued' AND run_at <= now()
+      AND (priority, run_at, id) > ({CLAIM_CURSOR})
       AND NOT (SELECT paused FROM queue_state)
     ORDER BY priority, run_at, id
     LIMIT %(limit)s

@@ -1,0 +1,106 @@
+"""The claim cursor (workers/claim_cursor.py): during a backlog a claim reads the claim index after the last job
+the previous claim took, and nothing that sorts before the cursor is lost."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+
+from outboxq import enqueue, enqueue_many
+from outboxq.queue import sql
+from outboxq.workers import claim_cursor
+from outboxq.workers.claim_cursor import FROM_THE_FRONT
+from outboxq.workers.registry import Consumer
+from outboxq.workers.runner import Worker
+
+
+@pytest.fixture
+def worker(db_url):
+    consumer = Consumer("cursor", lambda payload: None)
+    w = Worker([consumer], url=db_url, run_maintenance=False, listen=False)
+    with w.connect() as conn:
+        yield w, consumer, conn
+
+
+def _fill(db_url, n, **options):
+    with psycopg.connect(db_url) as conn:
+        jobs = enqueue_many(conn, "cursor", [{"n": i} for i in range(n)], **options)
+        conn.commit()
+    return [j.id for j in jobs]
+
+
+def test_a_full_claim_moves_the_cursor_past_its_last_job_and_the_next_claim_starts_there(worker, db_url):
+    w, consumer, conn = worker
+    ids = _fill(db_url, 10)
+    assert [j.id for j in w.claim(conn, consumer, 4)] == ids[:4]
+    cursor = w.dispatcher.cursors.params("cursor")
+    assert cursor["after_id"] == ids[3]
+    # A job that sorts before the cursor (a higher priority) is not what a claim from the cursor reads ...
+    urgent = enqueue(conn, "cursor", {"urgent": True}, priority=-1).id
+    conn.commit()
+    assert [j.id for j in w.claim(conn, consumer, 4)] == ids[4:8]
+    # ... but when the claim from the cursor comes back short, the rest comes from the front, in one claim.
+    assert sorted(j.id for j in w.claim(conn, consumer, 4)) == sorted([*ids[8:], urgent])
+    assert w.dispatcher.cursors.params("cursor") is FROM_THE_FRONT  # short: the next claim reads from the front
+
+
+def test_a_job_that_sorts_before_the_cursor_is_claimed_by_the_next_read_from_the_front(worker, db_url, monkeypatch):
+    w, consumer, conn = worker
+    ids = _fill(db_url, 20)
+    assert [j.id for j in w.claim(conn, consumer, 5)] == ids[:5]
+    # A job committed late with an old run_at (enqueued in a long transaction) sorts before the cursor.
+    late = enqueue(conn, "cursor", {"late": True}, run_at=datetime.now(UTC) - timedelta(hours=1)).id
+    conn.commit()
+    assert late not in [j.id for j in w.claim(conn, consumer, 5)]  # from the cursor: full, the late job unseen
+    monkeypatch.setattr(claim_cursor.time, "monotonic", lambda: 1e12)  # the read from the front is due
+    claimed = [j.id for j in w.claim(conn, consumer, 5)]
+    assert claimed[0] == late and claimed[1:] == ids[10:14]
+
+
+def test_a_job_locked_while_the_cursor_passed_it_is_still_claimed(worker, db_url):
+    w, consumer, conn = worker
+    ids = _fill(db_url, 6)
+    with psycopg.connect(db_url) as other:
+        other.execute("SELECT id FROM outboxq_jobs WHERE id = %s FOR UPDATE", (ids[1],))
+        assert [j.id for j in w.claim(conn, consumer, 3)] == [ids[0], ids[2], ids[3]]  # ids[1] skipped: locked
+    # The lock is gone; the cursor is past ids[1], but the short claim from the cursor falls back to the front.
+    assert sorted(j.id for j in w.claim(conn, consumer, 3)) == sorted([ids[1], ids[4], ids[5]])
+    with psycopg.connect(db_url) as check:
+        assert check.execute("SELECT count(*) FROM outboxq_jobs WHERE status = 'running'").fetchone()[0] == 6
+
+
+def test_claims_from_the_cursor_read_only_past_it(worker, db_url):
+    """With an old snapshot held (vacuum may remove nothing), a claim from the cursor reads none of the index
+    entries of the jobs claimed before it; a claim from the front visits them all."""
+    w, consumer, conn = worker
+    _fill(db_url, 3000)
+    with psycopg.connect(db_url) as holder:
+        holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT count(*) FROM outboxq_queues").fetchone()
+        for _ in range(5):
+            assert len(w.claim(conn, consumer, 500)) == 500
+        cursor = w.dispatcher.cursors.params("cursor")
+        assert cursor is not FROM_THE_FRONT
+        params = {"queue": "cursor", "limit": 100, "lease_token": uuid.uuid4(), "lease_s": 30.0, "worker_id": "w",
+                  "default_max_attempts": 5}
+        from_cursor = claim_index_entries_read(conn, {**params, **cursor})
+        from_front = claim_index_entries_read(conn, {**params, **FROM_THE_FRONT})
+    # From the front: the 2,500 claimed jobs' entries (their old row versions are still visible to the holder)
+    # and the 100 it claims; from the cursor, the 100 (and the index's next entry).
+    assert from_front >= 2600 and from_cursor <= 110, (from_front, from_cursor)
+
+
+def claim_index_entries_read(conn, params) -> int:
+    """Index entries the claim read from the claim index (the backend's statistics not yet reported count
+    since the last report: the difference over the claim; rolled back)."""
+    def entries():
+        return conn.execute("SELECT pg_stat_get_xact_tuples_returned('outboxq_jobs_claim_idx'::regclass) AS n"
+                            ).fetchone()["n"]
+    before = entries()
+    conn.execute(sql.job_claim_batch, params).fetchall()
+    read = entries() - before
+    conn.rollback()
+    return read
