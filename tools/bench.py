@@ -604,6 +604,14 @@ class Bench:
                         one(kind, i)
                     conn.commit()
                     timings[f"{kind}_in_tx"] += time.perf_counter() - t0
+            # Each call its own transaction on an autocommit connection (what a standalone enqueue gets, and how
+            # the peers' single enqueue runs): the INSERT and its commit in one round trip instead of two.
+            conn.autocommit = True
+            t0 = time.perf_counter()
+            for i in range(total_calls := per_block * blocks):
+                enqueue(conn, "bench", {"i": i})
+            timings["enqueue_autocommit"] = time.perf_counter() - t0
+            conn.autocommit = False
             many_rates = []
             for _ in range(args.enqueue_many_batches):
                 payloads = [{"i": i} for i in range(10_000)]
@@ -622,6 +630,7 @@ class Bench:
         out = {
             "calls": total,
             "enqueue_commit_per_s": total / timings["enqueue_commit"],
+            "enqueue_autocommit_per_s": total_calls / timings["enqueue_autocommit"],
             "insert_commit_per_s": total / timings["insert_commit"],
             "enqueue_in_tx_per_s": total / timings["enqueue_in_tx"],
             "insert_in_tx_per_s": total / timings["insert_in_tx"],
@@ -999,6 +1008,10 @@ def summarize(collected: dict[str, dict[str, list[Any]]]) -> dict[str, Any]:
         for peer in ("pgqueuer", "procrastinate"):
             ratios[f"enqueue_vs_{peer}"] = ratio(enqueue["outboxq"].get("enqueue_commit_per_s"),
                                                   enqueue.get(peer, {}).get("enqueue_commit_per_s"))
+            ratios[f"enqueue_autocommit_vs_{peer}"] = ratio(enqueue["outboxq"].get("enqueue_autocommit_per_s"),
+                                                             enqueue.get(peer, {}).get("enqueue_commit_per_s"))
+            ratios[f"enqueue_many_vs_{peer}"] = ratio(enqueue["outboxq"].get("enqueue_many_10k_per_s"),
+                                                       enqueue.get(peer, {}).get("batch_10k_per_s"))
     latency = summary.get("latency", {})
     for peer in ("pgqueuer", "procrastinate"):
         if latency.get("outboxq") and latency.get(peer):
@@ -1049,6 +1062,8 @@ def render(results: dict[str, Any]) -> str:
         e = enqueue["outboxq"]
         lines += ["| enqueue | per second |", "| --- | ---: |",
                   f"| outboxq enqueue + commit, one job per call | {_num(e.get('enqueue_commit_per_s'))} |",
+                  f"| outboxq enqueue on an autocommit connection (each call its own transaction) | "
+                  f"{_num(e.get('enqueue_autocommit_per_s'))} |",
                   f"| bare one-row INSERT + commit, same connection | {_num(e.get('insert_commit_per_s'))} |",
                   f"| ratio enqueue / bare INSERT (commit each) | {_num(e.get('enqueue_vs_insert'), 2)} |",
                   f"| outboxq enqueue, many per transaction | {_num(e.get('enqueue_in_tx_per_s'))} |",
