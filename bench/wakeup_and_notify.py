@@ -75,7 +75,7 @@ def wakeup_latencies(url: str, samples: int) -> list[float]:
     worker = Worker([Consumer("wake", handler)], url=url, poll_interval=30.0, concurrency=4).start()
     latencies = []
     try:
-        if not worker._listener.ready.wait(10):
+        if worker.listener is None or not worker.listener.ready.wait(10):
             raise RuntimeError("the worker's listener did not start")
         time.sleep(0.3)
         with psycopg.connect(url) as conn:

@@ -1,0 +1,43 @@
+"""A quick run of each script in bench/ with tiny sizes: it still runs against this version and prints its
+figures. Speed itself is measured by running the scripts, never asserted here."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _run(*args: str, timeout: float = 300) -> str:
+    done = subprocess.run([sys.executable, *args], cwd=BENCH, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    return done.stdout
+
+
+@pytest.mark.parametrize("script, args, expected", [
+    ("dead_rows.py", ["300"], "with a transaction open throughout"),
+    ("many_queues.py", ["10"], "50 queues x 10"),
+])
+def test_issue_17_bench_scripts_run(pg_server_url, script, args, expected):
+    assert expected in _run(script, pg_server_url, *args)
+
+
+def test_flow_claim_explain_runs(pg_server_url):
+    out = _run("flow_claim_explain.py", "--url", pg_server_url, "--jobs", "300", "--keys", "5", "--limit", "50",
+               "--claims", "2", "--repeat", "1", "--plan")
+    assert "per_key" in out and "Execution Time" in out
+
+
+def test_wakeup_and_notify_runs(pg_server_url):
+    out = _run("wakeup_and_notify.py", "--url", pg_server_url, "--jobs", "50", "--samples", "5",
+               "--connections", "1")
+    assert "latency" in out.lower()
+
+
+def test_http_load_runs(pg_server_url):
+    out = _run("http_load.py", "--seconds", "2", "--threads", "2", "--database-url", pg_server_url)
+    assert "lost" in out.lower()
