@@ -37,6 +37,7 @@ from outboxq.errors import InvalidInput, LeaseLost, OutputTableMismatch
 from outboxq.queue import sql as job_sql
 from outboxq.queue.backoff import RetryPolicy
 from outboxq.queue.sql import spark as spark_sql
+from outboxq.spark_jobs import columnar
 
 log = logging.getLogger("outboxq.spark")
 
@@ -354,7 +355,7 @@ def deliver(
     *,
     epoch: int,
     columns: Sequence[tuple[str, str]],
-    rows: Iterable[Sequence[Any]],
+    rows: Iterable[Sequence[Any]] | Any,
     failed_jobs: Mapping[int, str] | None = None,
     error_queue: str | None = None,
     retry_policy: RetryPolicy | None = None,
@@ -363,15 +364,15 @@ def deliver(
 ) -> DeliveryResult:
     """Deliver a snapshot in ONE transaction: results + delivery hash, snapshot delivered, jobs completed.
 
-    ``columns`` are (name, PostgreSQL type) of the result rows. Jobs in ``failed_jobs`` (id -> error) are
-    failed in the same transaction: retried per the backoff (dead when out of attempts), or, with an
-    ``error_queue``, moved there as a handled error. Raises DeliveryFenced, writing nothing, when the
-    snapshot is no longer this driver's (adopted by another after its lease lapsed, or delivered), the
-    driver was restarted elsewhere (DriverReplaced), or a job's lease was lost.
+    ``columns`` are (name, PostgreSQL type) of the result rows (sequences of values, or a pyarrow Table).
+    Jobs in ``failed_jobs`` (id -> error) are failed in the same transaction: retried per the backoff (dead
+    when out of attempts), or, with an ``error_queue``, moved there as a handled error. Raises
+    DeliveryFenced, writing nothing, when the snapshot is no longer this driver's (adopted by another after
+    its lease lapsed, or delivered), the driver was restarted elsewhere (DriverReplaced), or a job's lease
+    was lost.
     """
     failed_jobs = dict(failed_jobs or {})
     good_ids = [i for i in snapshot.job_ids if i not in failed_jobs]
-    types = [postgres_type for _, postgres_type in columns]
     with conn.transaction():
         _check_epoch(conn, snapshot.driver_id, epoch)
         locked = _execute(conn, spark_sql.spark_snapshot_lock_claimed,
@@ -382,14 +383,8 @@ def deliver(
         rows_written = 0
         if columns:  # no columns: every job failed, there is nothing to write (nor a table to create)
             ensure_output_table(conn, snapshot.output_table, columns, results_schema)
-            names = [pgsql.Identifier(name) for name, _ in columns] + [pgsql.Identifier(DELIVERY_HASH_COLUMN)]
-            copy_sql = pgsql.SQL(spark_sql.spark_output_table_copy).format(
-                table=pgsql.Identifier(results_schema, snapshot.output_table), columns=pgsql.SQL(", ").join(names))
-            with conn.cursor() as cur, cur.copy(copy_sql) as copy:
-                for row in rows:
-                    copy.write_row([_postgres_value(v, t) for v, t in zip(row, types, strict=True)]
-                                   + [snapshot.delivery_hash])
-                    rows_written += 1
+            rows_written = _copy_results(conn, pgsql.Identifier(results_schema, snapshot.output_table),
+                                         columns, rows, snapshot.delivery_hash)
         _execute(conn, spark_sql.spark_snapshot_mark_delivered, {
             "id": snapshot.id, "lease_token": snapshot.lease_token,
             "rows_written": rows_written, "error": _failed_summary(failed_jobs),
@@ -407,6 +402,32 @@ def deliver(
         on_step(STEP_AFTER_WRITE)
     on_step(STEP_AFTER_COMMIT)
     return DeliveryResult(snapshot.id, snapshot.delivery_hash, rows_written, len(completed), failed_count)
+
+
+def _copy_results(conn: DictConnection, table: pgsql.Identifier, columns: Sequence[tuple[str, str]],
+                  rows: Iterable[Sequence[Any]] | Any, hash_: str) -> int:
+    """COPY the result rows, each with the delivery hash, into the output table; how many were written.
+
+    A pyarrow Table goes as CSV blocks written by Arrow when CSV carries each of its columns exactly."""
+    names = [pgsql.Identifier(name) for name, _ in columns] + [pgsql.Identifier(DELIVERY_HASH_COLUMN)]
+    target = {"table": table, "columns": pgsql.SQL(", ").join(names)}
+    if columnar.is_arrow_table(rows):
+        arrow_table: Any = rows
+        if columnar.csv_copyable(arrow_table):
+            copy_csv = pgsql.SQL(spark_sql.spark_output_table_copy_csv).format(**target)
+            with conn.cursor() as cur, cur.copy(copy_csv) as copy:
+                for block in columnar.csv_blocks(arrow_table, hash_):
+                    copy.write(block)
+            return int(arrow_table.num_rows)
+        rows = columnar.table_rows(arrow_table)
+    types = [postgres_type for _, postgres_type in columns]
+    written = 0
+    copy_text = pgsql.SQL(spark_sql.spark_output_table_copy).format(**target)
+    with conn.cursor() as cur, cur.copy(copy_text) as copy:
+        for row in rows:
+            copy.write_row([_postgres_value(v, t) for v, t in zip(row, types, strict=True)] + [hash_])
+            written += 1
+    return written
 
 
 def _failed_summary(failed_jobs: Mapping[int, str]) -> str | None:

@@ -21,6 +21,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from outboxq.errors import BatchFailed, InvalidInput
+from outboxq.spark_jobs import columnar
 from outboxq.spark_jobs.delivery import SnapshotJob, describe_exception
 
 if TYPE_CHECKING:
@@ -31,15 +32,14 @@ NOT_AN_OBJECT = "payload is not a JSON object: a Spark processor reads the field
 
 @dataclass(slots=True)
 class BatchResult:
-    """What processing a batch gave: (name, PostgreSQL type) columns, rows, failed jobs (id -> error)."""
+    """What processing a batch gave: (name, PostgreSQL type) columns, rows, failed jobs (id -> error).
+
+    The rows are sequences of values, or a pyarrow Table (Spark's result, kept in columns for the COPY)."""
 
     columns: list[tuple[str, str]]
-    rows: list[Sequence[Any]]
+    rows: Sequence[Sequence[Any]] | Any
     failed: dict[int, str] = field(default_factory=dict)
     processor_runs: int = 1
-
-
-
 
 
 class BatchEngine(Protocol):
@@ -131,7 +131,7 @@ def isolate_failures(
 
 def process_batch(
     jobs: Sequence[SnapshotJob],
-    attempt: Callable[[Sequence[SnapshotJob]], tuple[list[tuple[str, str]], list[Sequence[Any]]]],
+    attempt: Callable[[Sequence[SnapshotJob]], tuple[list[tuple[str, str]], Any]],
     *,
     max_runs: int,
 ) -> BatchResult:
@@ -228,9 +228,10 @@ class SparkEngine:
     def jobs_frame(self, jobs: Sequence[SnapshotJob]) -> DataFrame:
         """The DataFrame of the jobs' payloads: one row per job, a column per payload field.
 
-        The JSON goes to Spark as one Arrow column and is parsed there (from_json) with the declared or
-        sampled schema: Spark's own inference reads the data twice, and parsing every payload in Python
-        costs more than Spark's work on the batch.
+        The payloads are read with the declared or sampled schema (Spark's own inference reads the data
+        twice): by Arrow's JSON reader on the driver when it reads them as Spark would
+        (columnar.payload_table), the DataFrame then built from that Arrow table; otherwise they go to
+        Spark as one Arrow column of JSON text, parsed there by from_json.
         """
         import pyarrow
         from pyspark.sql import functions as F
@@ -240,18 +241,20 @@ class SparkEngine:
             schema = with_job_fields(self.declared_schema)
         else:
             schema = infer_schema(json.loads(line) for line in schema_sample(lines, self.schema_sample))
+        table = columnar.payload_table(lines, schema)
+        if table is not None:
+            return self.spark.createDataFrame(table, schema=schema)
         raw = self.spark.createDataFrame(pyarrow.table({"value": lines}))
         return raw.select(F.from_json("value", schema).alias("row")).select("row.*")
 
     def process(self, jobs: Sequence[SnapshotJob], delivery_hash: str) -> BatchResult:
-        """Run the DataFrame function on the batch and collect its rows on the driver."""
+        """Run the DataFrame function on the batch and collect its rows on the driver as an Arrow table."""
         kwargs = {"delivery_hash": delivery_hash} if self._pass_hash else {}
 
-        def attempt(subset: Sequence[SnapshotJob]) -> tuple[list[tuple[str, str]], list[Sequence[Any]]]:
+        def attempt(subset: Sequence[SnapshotJob]) -> tuple[list[tuple[str, str]], Any]:
             result = self.function(self.jobs_frame(subset), **kwargs)
             columns = [(f.name, postgres_type(f.dataType)) for f in result.schema.fields]
-            table = result.toArrow()  # columnar transfer: several times faster than collect() of Rows
-            return columns, list(zip(*(column.to_pylist() for column in table.columns), strict=True))
+            return columns, result.toArrow()  # columnar transfer: several times faster than collect() of Rows
 
         return process_batch(jobs, attempt, max_runs=self.max_runs)
 

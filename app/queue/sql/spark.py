@@ -226,6 +226,8 @@ spark_output_hash_column = "{name} text NOT NULL"
 spark_output_table_create = "CREATE TABLE {table} ({columns})"
 spark_output_table_index = "CREATE INDEX {index} ON {table} ({column})"
 spark_output_table_copy = "COPY {table} ({columns}) FROM STDIN"
+# Results kept in Arrow columns arrive as CSV blocks written by Arrow (spark_jobs.columnar).
+spark_output_table_copy_csv = "COPY {table} ({columns}) FROM STDIN (FORMAT csv)"
 
 # ---------------------------------------------------------------- batches (POST /v1/spark/batches)
 
