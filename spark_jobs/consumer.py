@@ -12,7 +12,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,6 +95,19 @@ class ConsumerStats:
     failed_batches: int = 0
     lost_snapshots: int = 0
     last_error: str | None = None
+    # Seconds spent in each step of the batches: claim (claim + read the jobs; adoption included),
+    # process (the engine) and deliver (write, mark delivered, complete the jobs).
+    seconds: dict[str, float] = field(
+        default_factory=lambda: dict.fromkeys(("claim", "process", "deliver"), 0.0))
+
+    @contextmanager
+    def timed(self, step: str) -> Iterator[None]:
+        """Add the time the block takes to ``seconds[step]``."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[step] += time.perf_counter() - started
 
 
 class LeaseKeeper:
@@ -199,9 +214,10 @@ class Consumer:
     def adopt_once(self) -> bool:
         """Adopt one undelivered snapshot (this driver's own, or one whose lease lapsed) and deliver it."""
         driver_id, epoch = self.identity
-        snapshots = delivery.adopt_snapshots(
-            self.conn, processor_id=self.processor_id, driver_id=driver_id, epoch=epoch,
-            lease_s=self.config.lease_s, default_max_attempts=self.config.retry_policy.max_attempts)
+        with self.stats.timed("claim"):
+            snapshots = delivery.adopt_snapshots(
+                self.conn, processor_id=self.processor_id, driver_id=driver_id, epoch=epoch,
+                lease_s=self.config.lease_s, default_max_attempts=self.config.retry_policy.max_attempts)
         for snapshot in snapshots:
             log.info("spark: adopting snapshot %s (%d jobs, hash %s, epoch %s)", snapshot.id,
                      len(snapshot.job_ids), snapshot.delivery_hash[:12], snapshot.epoch)
@@ -214,11 +230,12 @@ class Consumer:
         if self.adopt_once():
             return True
         driver_id, epoch = self.identity
-        snapshot = delivery.claim_snapshot(
-            self.conn, processor_id=self.processor_id, driver_id=driver_id, epoch=epoch,
-            queue=self.config.queue, output_table=self.config.output_table, batch_size=self.config.batch_size,
-            lease_s=self.config.lease_s, default_max_attempts=self.config.retry_policy.max_attempts,
-            on_step=self.on_step)
+        with self.stats.timed("claim"):
+            snapshot = delivery.claim_snapshot(
+                self.conn, processor_id=self.processor_id, driver_id=driver_id, epoch=epoch,
+                queue=self.config.queue, output_table=self.config.output_table,
+                batch_size=self.config.batch_size, lease_s=self.config.lease_s,
+                default_max_attempts=self.config.retry_policy.max_attempts, on_step=self.on_step)
         if snapshot is None:
             return False
         self._process_and_deliver(snapshot)
@@ -265,7 +282,7 @@ class Consumer:
     def _process_and_deliver(self, snapshot: Snapshot) -> None:
         self.stats.jobs_claimed += len(snapshot.job_ids)
         try:
-            with LeaseKeeper(self.url, snapshot, self.config.lease_s):
+            with LeaseKeeper(self.url, snapshot, self.config.lease_s), self.stats.timed("process"):
                 result = self.engine.process(snapshot.jobs, snapshot.delivery_hash)
                 self.on_step(STEP_DURING_PROCESSING)
         except BatchFailed as exc:
@@ -285,11 +302,12 @@ class Consumer:
             self.on_batch(self.stats)
             return
         try:
-            outcome = delivery.deliver(
-                self.conn, snapshot, epoch=self.identity[1], columns=result.columns, rows=result.rows,
-                failed_jobs=result.failed, error_queue=self.config.error_queue,
-                retry_policy=self.config.retry_policy, results_schema=self.config.results_schema,
-                on_step=self.on_step)
+            with self.stats.timed("deliver"):
+                outcome = delivery.deliver(
+                    self.conn, snapshot, epoch=self.identity[1], columns=result.columns, rows=result.rows,
+                    failed_jobs=result.failed, error_queue=self.config.error_queue,
+                    retry_policy=self.config.retry_policy, results_schema=self.config.results_schema,
+                    on_step=self.on_step)
         except DriverReplaced:
             log.error("spark: delivery of snapshot %s refused: driver %s (epoch %s) was restarted elsewhere",
                       snapshot.id, self.driver_id, self.epoch)
