@@ -2,7 +2,9 @@
 
 Both paths run the same consumer (claim with a snapshot, one-transaction delivery with the delivery hash);
 only the engine differs: Spark's DataFrame processor, or the same computation in plain Python on the driver.
-Spark's session start-up is measured on its own, and a small warm-up batch runs before the timed rounds.
+Spark's session start-up is measured on its own; one untimed batch of the measured size warms each engine
+(the JVM compiles Spark's code paths during its first large batches) before the timed rounds. Each round's
+time is split into the consumer's steps: claim, process (the engine), deliver.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from psycopg import sql as pgsql
 
 from outboxq import enqueue_many
 from outboxq.db import connect, database_url
+from outboxq.queue.sql import spark as spark_sql
 from outboxq.settings import get_settings
 from outboxq.spark_jobs import examples
 from outboxq.spark_jobs.consumer import Consumer, ConsumerConfig
@@ -38,9 +41,10 @@ def _enqueue(url: str, jobs: int) -> None:
 
 def _reset(url: str, table: str) -> None:
     with connect(url, autocommit=True) as conn:
-        conn.execute(pgsql.SQL("DROP TABLE IF EXISTS {}").format(
-            pgsql.Identifier(get_settings().spark_results_schema, table)))
-        conn.execute("DELETE FROM outboxq_jobs WHERE queue = %s", (QUEUE,))
+        conn.execute(pgsql.SQL(spark_sql.spark_bench_drop_output).format(
+            table=pgsql.Identifier(get_settings().spark_results_schema, table)))
+        conn.execute(spark_sql.spark_bench_delete_jobs, {"queue": QUEUE})
+        conn.execute(spark_sql.spark_bench_vacuum_jobs)
 
 
 def _timed_drain(url: str, engine: BatchEngine, name: str, jobs: int, batch_size: int) -> dict[str, Any]:
@@ -55,7 +59,7 @@ def _timed_drain(url: str, engine: BatchEngine, name: str, jobs: int, batch_size
     seconds = time.perf_counter() - started
     if stats.jobs_completed != jobs or stats.rows_written != jobs:
         raise RuntimeError(f"{name}: {stats.jobs_completed} jobs done, {stats.rows_written} rows, of {jobs}")
-    return {"seconds": seconds, "rows_per_s": jobs / seconds}
+    return {"seconds": seconds, "rows_per_s": jobs / seconds, "steps_s": dict(stats.seconds)}
 
 
 def run_bench(*, jobs: int, batch_size: int, rounds: int, master: str) -> dict[str, Any]:
@@ -69,7 +73,8 @@ def run_bench(*, jobs: int, batch_size: int, rounds: int, master: str) -> dict[s
         "plain": PythonEngine(examples.plain_order_lines),
     }
     try:
-        warm_up_s = _timed_drain(url, engines["spark"], "spark", min(jobs, 2_000), batch_size)["seconds"]
+        warm_up_s = {name: _timed_drain(url, engine, name, min(jobs, batch_size), batch_size)["seconds"]
+                     for name, engine in engines.items()}
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name in engines}
         for _ in range(rounds):
             for name, engine in engines.items():
@@ -81,11 +86,16 @@ def run_bench(*, jobs: int, batch_size: int, rounds: int, master: str) -> dict[s
     medians = {name: statistics.median(r["rows_per_s"] for r in rs) for name, rs in runs.items()}
     lines = [
         f"outboxq spark bench: {jobs} jobs per round, batches of {batch_size}, {rounds} rounds, master {master}",
-        f"  Spark session start: {session_start_s:.1f} s; warm-up batch: {warm_up_s:.1f} s",
+        f"  Spark session start: {session_start_s:.1f} s; warm-up batch: Spark {warm_up_s['spark']:.1f} s, "
+        f"plain {warm_up_s['plain']:.1f} s",
     ]
     for name, rs in runs.items():
         each = ", ".join(f"{r['rows_per_s']:,.0f}" for r in rs)
         lines.append(f"  {name:5}  median {medians[name]:>9,.0f} rows/s   (rounds: {each})")
+    for name, rs in runs.items():
+        steps = ", ".join(f"{step} {statistics.median(r['steps_s'][step] for r in rs):.2f} s"
+                          for step in rs[0]["steps_s"])
+        lines.append(f"  {name:5}  median per round: {steps}")
     lines.append(f"  Spark / plain: {medians['spark'] / medians['plain']:.2f}")
     return {"jobs": jobs, "batch_size": batch_size, "rounds": rounds, "master": master,
             "session_start_s": session_start_s, "warm_up_s": warm_up_s, "runs": runs,

@@ -285,3 +285,13 @@ SELECT id, queue, processor, output_table, batch_size, master, state, jobs_claim
        created_at, started_at, finished_at
 FROM outboxq_spark_batches ORDER BY id DESC LIMIT %(limit)s
 """
+
+# ---------------------------------------------------------------- `outboxq spark bench` (tools/spark_bench.py)
+
+spark_bench_drop_output = "DROP TABLE IF EXISTS {table}"
+
+spark_bench_delete_jobs = "DELETE FROM outboxq_jobs WHERE queue = %(queue)s"
+
+# Every round starts from a vacuumed jobs table, whatever autovacuum does meanwhile: otherwise the dead rows
+# of the earlier rounds slow each later claim, and the engine that runs second in a round pays for them.
+spark_bench_vacuum_jobs = "VACUUM outboxq_jobs"
