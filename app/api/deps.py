@@ -11,6 +11,7 @@ from fastapi import Depends, Header, Path, Request
 from fastapi.responses import JSONResponse
 from psycopg_pool import ConnectionPool
 
+from outboxq.api.responses import OrjsonResponse
 from outboxq.api.routing import api_state
 from outboxq.queue import idempotency
 from outboxq.queue.enqueue import QUEUE_NAME_PATTERN
@@ -67,12 +68,12 @@ def idempotent_write(
         if idempotency_key is not None:
             stored = idempotency.begin(conn, scope, idempotency_key, body_hash)
             if stored is not None:
-                return JSONResponse(stored.body, status_code=200)
+                return OrjsonResponse(stored.body, status_code=200)
         body = work(conn)
         status = status() if callable(status) else status
         if idempotency_key is not None:
             idempotency.record(conn, scope, idempotency_key, body_hash, status, body)
-    return JSONResponse(body, status_code=status)
+    return OrjsonResponse(body, status_code=status)
 
 
 IdempotencyKey = Annotated[

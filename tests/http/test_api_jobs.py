@@ -77,6 +77,38 @@ def test_batch_with_per_job_options_and_a_dependency_on_an_earlier_job(api, db_u
     assert [j["status"] for j in r.json()["jobs"]] == ["queued", "waiting"]
 
 
+@pytest.mark.parametrize("keyed", [False, True])  # COPY of key-less jobs, INSERT of keyed ones
+def test_batch_answers_each_job_as_reading_it_does(api, keyed):
+    jobs = [{"payload": {"i": i}, **({"key": f"k{i}"} if keyed else {})} for i in range(3)]
+    r = api.post("/v1/queues/q/jobs/batch", json={"jobs": jobs})
+    assert r.status_code == 201, r.text
+    written = r.json()["jobs"]
+    assert [j["payload"] for j in written] == [{"i": 0}, {"i": 1}, {"i": 2}]
+    for job in written:
+        assert api.get(f"/v1/jobs/{job['id']}").json() == job
+
+
+def test_batch_whose_jobs_differ_in_options_writes_each_with_its_own(api):
+    r = api.post("/v1/queues/q/jobs/batch", json={"jobs": [
+        {"payload": 1}, {"payload": 2, "priority": 5}, {"payload": 3, "delay_seconds": 3600}]})
+    assert r.status_code == 201, r.text
+    jobs = [api.get(f"/v1/jobs/{j['id']}").json() for j in r.json()["jobs"]]
+    assert [j["priority"] for j in jobs] == [0, 5, 0]
+    assert jobs[2]["run_at"] > jobs[1]["run_at"]
+
+
+def test_payload_integers_beyond_64_bits_round_trip(api):
+    payload = {"big": 2**70, "negative": -(2**65), "float": 1.5}
+    one = api.post("/v1/queues/q/jobs", json={"payload": payload})
+    batch = api.post("/v1/queues/q/jobs/batch", json={"jobs": [{"payload": payload}, {"payload": 1}]},
+                     headers={"Idempotency-Key": "big-ints"})
+    again = api.post("/v1/queues/q/jobs/batch", json={"jobs": [{"payload": payload}, {"payload": 1}]},
+                     headers={"Idempotency-Key": "big-ints"})
+    assert (one.status_code, batch.status_code, again.status_code) == (201, 201, 200)
+    assert one.json()["payload"] == batch.json()["jobs"][0]["payload"] == payload
+    assert again.json() == batch.json()
+
+
 @pytest.mark.parametrize("jobs", [
     [{"payload": 1, "key": "same"}, {"payload": 2, "key": "same"}],  # duplicate within the batch
     [{"payload": 1}, {"payload": 2, "depends_on": [{"queue": "q", "key": "missing"}]}],  # unknown dependency

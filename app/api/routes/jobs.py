@@ -21,7 +21,15 @@ from outboxq.api.deps import (
 )
 from outboxq.api.errors import ApiProblem, error_responses
 from outboxq.api.routing import OutboxqRoute, api_state
-from outboxq.api.schemas import JobBatchCreate, JobBatchPublic, JobCreate, JobPage, JobPublic, job_public
+from outboxq.api.schemas import (
+    JobBatchCreate,
+    JobBatchPublic,
+    JobCreate,
+    JobPage,
+    JobPublic,
+    job_public,
+    jobs_public,
+)
 from outboxq.errors import InvalidInput, JobNotFound
 from outboxq.queue import admin, feed, sql
 from outboxq.queue.enqueue import enqueue, enqueue_many, get_job
@@ -47,6 +55,16 @@ def check_dependency_count(jobs: list[JobCreate], limit: int) -> None:
     if count > limit:
         raise InvalidInput(f"the request names {count} dependencies, over the limit of {limit} per request "
                            "(max_dependencies_per_request); split it into several requests")
+
+
+# The options enqueue_many applies to every job of a batch (key is per job; depends_on, and
+# on_dependency_failure with it, make a batch per-job).
+SHARED_OPTIONS = ("run_at", "delay", "priority", "max_attempts", "unique", "on_conflict")
+
+
+def _shared_options(job: JobCreate) -> tuple[Any, ...]:
+    """The values of SHARED_OPTIONS in a job, in that order."""
+    return job.run_at, job.delay_seconds, job.priority, job.max_attempts, job.unique, job.on_conflict
 
 
 def _options(job: JobCreate) -> dict[str, Any]:
@@ -105,18 +123,19 @@ def create_jobs(queue: QueueName, body: JobBatchCreate, request: Request, princi
         for index, job in enumerate(body.jobs):
             check_payload_size(job.payload, settings.max_payload_bytes, f"jobs[{index}].payload")
     check_dependency_count(body.jobs, settings.max_dependencies_per_request)
-    options = [_options(job) for job in body.jobs]
-    # on_dependency_failure means nothing without depends_on, and a batch with dependencies is not uniform.
-    shared = {k: v for k, v in options[0].items() if k not in ("key", "depends_on", "on_dependency_failure")}
-    uniform = all(not o["depends_on"] and {k: o[k] for k in shared} == shared for o in options)
+    # One COPY (or INSERT) for the whole batch when its jobs share their options; compared as tuples, the
+    # per-job option dicts are built only for a batch that is not uniform.
+    first = _shared_options(body.jobs[0])
+    uniform = all(not job.depends_on and _shared_options(job) == first for job in body.jobs)
 
     def work(conn: Any) -> dict[str, Any]:
-        if uniform:  # one INSERT for the whole batch
-            jobs = enqueue_many(conn, queue, [j.payload for j in body.jobs], keys=[o["key"] for o in options],
-                                **shared)
+        if uniform:
+            head = _options(body.jobs[0])
+            jobs = enqueue_many(conn, queue, [j.payload for j in body.jobs], keys=[j.key for j in body.jobs],
+                                **{name: head[name] for name in SHARED_OPTIONS})
         else:  # per-job options or dependencies (a job may depend on an earlier one of the batch)
-            jobs = [enqueue(conn, queue, j.payload, **o) for j, o in zip(body.jobs, options, strict=True)]
-        return {"jobs": [job_public(j) for j in jobs]}
+            jobs = [enqueue(conn, queue, j.payload, **_options(j)) for j in body.jobs]
+        return {"jobs": jobs_public(jobs)}
 
     return idempotent_write(request, pool, principal.id, idempotency_key,
                             lambda: body.model_dump(mode="json", exclude_unset=True), work)
