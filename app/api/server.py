@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import secrets
 import sys
@@ -53,6 +54,11 @@ def serve(settings: Settings | None = None) -> None:
     ensure_token(settings)
     wait_for_database(database_url(settings), settings.db_wait_s)
     app = create_app(settings)
+    # What the process has imported and built by now lives as long as it does: frozen, the collector's full
+    # collections no longer walk it. They took 60 ms each, one every few 1,000-job batches (whose objects live
+    # long enough to reach the oldest generation), and a few ms frozen.
+    gc.collect()
+    gc.freeze()
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", access_log=False,
                 timeout_graceful_shutdown=10)
 
