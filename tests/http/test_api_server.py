@@ -103,8 +103,13 @@ def test_the_dashboard_is_served_with_its_security_headers(db_url):
     with api_client(db_url, None) as client:
         page = client.get("/ui/")
         script = client.get("/ui/app.js")
+        redirect = client.get("/ui", follow_redirects=False)
+        missing = client.get("/ui/missing.js")
+        api = client.get("/healthz")
     assert page.status_code == 200 and "<script src=\"app.js\">" in page.text
-    for response in (page, script):
+    assert redirect.status_code == 307 and missing.status_code == 404
+    assert "content-security-policy" not in api.headers  # the dashboard's headers, on its paths only
+    for response in (page, script, redirect, missing):
         assert "frame-ancestors 'none'" in response.headers["content-security-policy"]
         assert "default-src 'self'" in response.headers["content-security-policy"]
         assert response.headers["x-content-type-options"] == "nosniff"
