@@ -55,7 +55,7 @@ def payload_table(lines: Sequence[str], schema: Any) -> Any | None:
     options = pyarrow_json.ParseOptions(explicit_schema=to_arrow_schema(schema),
                                         unexpected_field_behavior="ignore", newlines_in_values=False)
     # A block holds whole lines: at least twice the longest, so that no payload straddles two blocks.
-    read = pyarrow_json.ReadOptions(block_size=max(1 << 20, 2 * max(len(line) for line in lines) + 2))
+    read = pyarrow_json.ReadOptions(block_size=max(1 << 20, 2 * max(map(len, lines)) + 2))
     try:
         table = pyarrow_json.read_json(pyarrow.py_buffer(text), read_options=read, parse_options=options)
     except pyarrow.ArrowException:

@@ -236,7 +236,7 @@ class SparkEngine:
         import pyarrow
         from pyspark.sql import functions as F
 
-        lines = [cast(str, j.row_json) for j in jobs]  # (JSON objects only, as above)
+        lines = cast(list[str], [j.row_json for j in jobs])  # (JSON objects only, as above)
         if self.declared_schema is not None:
             schema = with_job_fields(self.declared_schema)
         else:
