@@ -88,6 +88,17 @@ def test_batch_answers_each_job_as_reading_it_does(api, keyed):
         assert api.get(f"/v1/jobs/{job['id']}").json() == job
 
 
+def test_job_json_has_exactly_the_fields_of_the_response_model():
+    from outboxq.api.schemas import JobPublic, job_public, jobs_public
+    from outboxq.queue.jobs import Job
+
+    job = Job(id=1, queue="q", payload=b"\x00")
+    assert set(job_public(job)) == set(JobPublic.model_fields) - {"marker"}
+    assert set(job_public(job, "m")) == set(JobPublic.model_fields)
+    assert jobs_public([job]) == [job_public(job)]
+    assert job_public(job)["payload"] == "AA==" and job_public(job)["payload_encoding"] == "base64"
+
+
 def test_batch_whose_jobs_differ_in_options_writes_each_with_its_own(api):
     r = api.post("/v1/queues/q/jobs/batch", json={"jobs": [
         {"payload": 1}, {"payload": 2, "priority": 5}, {"payload": 3, "delay_seconds": 3600}]})
