@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -83,6 +84,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from outboxq.workers.runner import Worker
 
     url = _current_url()
+    processes = _worker_processes(args.processes)
+    if processes > 1:
+        return _run_worker_processes(args, url, processes)
     consumers = load_handler_modules(args.handlers.split(","))
     if args.queues:
         wanted = set(args.queues.split(","))
@@ -93,6 +97,37 @@ def cmd_worker(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: worker.request_stop())
     worker.run()
     return 0
+
+
+def _worker_processes(value: str) -> int:
+    """--processes: a positive number, or "auto" (one per core)."""
+    from outboxq.workers.processes import default_count
+
+    if value == "auto":
+        return default_count()
+    if not value.isdigit() or int(value) < 1:
+        raise SystemExit(f"outboxq worker: --processes must be a positive number or 'auto', not {value!r}")
+    return int(value)
+
+
+def _run_worker_processes(args: argparse.Namespace, url: str, processes: int) -> int:
+    """The worker as `processes` child workers under a supervisor (outboxq.workers.processes)."""
+    from outboxq.workers.processes import Supervisor
+
+    def child_argv(index: int) -> list[str]:
+        argv = ["--log-level", args.log_level, "worker", "--handlers", args.handlers, "--processes", "1"]
+        for flag, value in (("--queues", args.queues), ("--concurrency", args.concurrency),
+                            ("--batch-size", args.batch_size), ("--poll-interval", args.poll_interval),
+                            ("--metrics-port", None if args.metrics_port is None else args.metrics_port + index)):
+            if value is not None:
+                argv += [flag, str(value)]
+        return argv
+
+    os.environ["DATABASE_URL"] = url  # the children connect where this process would have
+    supervisor = Supervisor(processes, child_argv)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: supervisor.request_stop())
+    return supervisor.run()
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -278,7 +313,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int)
     p.add_argument("--poll-interval", type=float)
     p.add_argument("--metrics-port", type=int,
-                   help="serve this worker's Prometheus metrics on 127.0.0.1:PORT/metrics")
+                   help="serve this worker's Prometheus metrics on 127.0.0.1:PORT/metrics (with --processes N, "
+                        "one port per process: PORT to PORT+N-1)")
+    p.add_argument("--processes", default="1",
+                   help="run N worker processes under one supervisor (uses N cores), or 'auto': one per core "
+                        "(default 1)")
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("periodic", help="the periodic schedules, their last and next slots")
