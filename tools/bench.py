@@ -850,6 +850,9 @@ class Bench:
         steps: list[tuple[str, str, Callable[[], Any]]] = []
         if "drain" in wanted:
             steps.append(("drain", "outboxq", lambda: self.drain("outboxq", args.jobs, "drain outboxq defaults")))
+            for processes in args.outboxq_processes:  # `outboxq worker --processes N`: N workers, one per process
+                steps.append(("drain", f"outboxq_p{processes}", lambda p=processes: self.drain(
+                    "outboxq", args.jobs, f"drain outboxq --processes {p}", processes=p)))
             if args.limits:  # flow control (issue 14): what a limit costs when it does not bind, and when it does
                 for name, label, n, flow in flow_drains(args.jobs):
                     steps.append(("drain", name, lambda n=n, label=label, flow=flow: self.drain(
@@ -1001,6 +1004,10 @@ def summarize(collected: dict[str, dict[str, list[Any]]]) -> dict[str, Any]:
         "outboxq_vs_procrastinate_defaults": ratio(ours, rates.get("procrastinate_defaults")),
         "outboxq_vs_procrastinate_best": ratio(ours, rates.get("procrastinate_c10_p4")),
     }
+    for name, rate in rates.items():  # outboxq --processes N against the same peers
+        if name.startswith("outboxq_p"):
+            summary["ratios"][f"{name}_vs_pgqueuer_best"] = ratio(
+                rate, summary.get("pgqueuer_best", {}).get("jobs_per_s"))
     ceilings = summary.get("pgbench_jobs_per_s") or {}
     if ceilings and ours:
         summary["ratios"]["outboxq_vs_pgbench_batched_best"] = ratio(ours, max(ceilings.values()))
@@ -1242,6 +1249,8 @@ def register(sub: Any) -> None:
                    help="jobs per Procrastinate drain, which runs at a few hundred jobs/s (default 5,000)")
     p.add_argument("--pgqueuer-sweep", type=_pair_list, default=_pair_list("100x1,500x1,500x2,1000x2"),
                    help="PgQueuer batch sizes x processes to sweep (default 100x1,500x1,500x2,1000x2)")
+    p.add_argument("--outboxq-processes", type=lambda text: [int(x) for x in text.split(",") if x], default=[2],
+                   help="also drain with outboxq worker --processes N for each N (default 2; '' for none)")
     p.add_argument("--pgbench-configs", type=_triple_list, default=_triple_list("1x1x2000,1x8x400,100x1x200,100x4x100"),
                    help="pgbench jobs-per-transaction x clients x transactions-per-client "
                         "(default 1x1x2000,1x8x400,100x1x200,100x4x100)")
