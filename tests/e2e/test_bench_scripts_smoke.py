@@ -21,6 +21,7 @@ def _run(*args: str, timeout: float = 300) -> str:
 @pytest.mark.parametrize("script, args, expected", [
     ("dead_rows.py", ["300"], "with a transaction open throughout"),
     ("many_queues.py", ["10"], "50 queues x 10"),
+    ("per_job_cost.py", ["200"], "claim + complete"),
 ])
 def test_issue_17_bench_scripts_run(pg_server_url, script, args, expected):
     assert expected in _run(script, pg_server_url, *args)
