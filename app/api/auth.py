@@ -150,7 +150,9 @@ def require(scope: str) -> Any:
     if scope not in SCOPES:
         raise ValueError(f"unknown scope {scope!r}")
 
-    def dependency(
+    # async: FastAPI runs a plain def dependency in the thread pool, a hop to a thread and back for a hash and
+    # a comparison that never wait; on the event loop it costs nothing but them.
+    async def dependency(
         request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
     ) -> Principal:
         return check(request, credentials, scope)

@@ -18,12 +18,14 @@ from outboxq.queue.enqueue import QUEUE_NAME_PATTERN
 from outboxq.settings import Settings
 
 
-def get_settings_of_app(request: Request) -> Settings:
+# The dependencies are async although they never wait: FastAPI runs a plain def dependency in the thread
+# pool, one hop to a thread and back each, which cost more than the lookup.
+async def get_settings_of_app(request: Request) -> Settings:
     """The settings the API was created with."""
     return api_state(request).settings
 
 
-def get_pool(request: Request) -> ConnectionPool:
+async def get_pool(request: Request) -> ConnectionPool:
     """The API's psycopg connection pool (opened in the router's lifespan)."""
     pool = api_state(request).pool
     assert pool is not None, "the outboxq router's lifespan has not run"

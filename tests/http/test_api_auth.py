@@ -132,3 +132,23 @@ def test_repeated_wrong_tokens_are_answered_429_with_retry_after_then_allowed_ag
         assert api.get("/v1/queues", headers=auth("read")).status_code == 429
         time.sleep(1.1)
         assert api.get("/v1/queues", headers=auth("read")).status_code == 200
+
+
+def test_every_dependency_of_the_routes_runs_on_the_event_loop():
+    """No route dependency is a plain def: FastAPI would run each in the thread pool, a hop per request."""
+    import inspect
+
+    from fastapi.routing import APIRoute
+
+    def calls(dependant):
+        for dependency in dependant.dependencies:
+            yield dependency.call
+            yield from calls(dependency)
+
+    app = create_app(api_settings("postgresql://unused/unused"))
+    def is_async(call):  # a coroutine function, or an object whose __call__ is one (HTTPBearer)
+        return inspect.iscoroutinefunction(call) or inspect.iscoroutinefunction(type(call).__call__)
+
+    sync = {getattr(call, "__name__", repr(call)) for route in app.routes if isinstance(route, APIRoute)
+            for call in calls(route.dependant) if not is_async(call)}
+    assert sync == set()
