@@ -281,15 +281,6 @@ def _job_public(job: Any, formatted: dict[int, str]) -> dict[str, Any]:
     the batch; tests check the keys against the model). `formatted` holds the ISO text of the datetimes seen
     so far, by identity: the jobs hold them while it is used, and equal times with other offsets must not
     share a text."""
-
-    def iso(value: datetime | None) -> str | None:
-        if value is None:
-            return None
-        text = formatted.get(id(value))
-        if text is None:
-            text = formatted[id(value)] = value.isoformat()
-        return text
-
     payload, encoding = job.payload, "json"
     if isinstance(payload, bytes | bytearray | memoryview):
         payload, encoding = base64.b64encode(bytes(payload)).decode(), "base64"
@@ -297,9 +288,20 @@ def _job_public(job: Any, formatted: dict[int, str]) -> dict[str, Any]:
         "id": job.id, "queue": job.queue, "key": job.key,
         "status": str(job.status),  # a JobStatus is a StrEnum: its value (an Enum call is slower)
         "payload": payload, "payload_encoding": encoding, "attempts": job.attempts,
-        "max_attempts": job.max_attempts, "priority": job.priority, "run_at": iso(job.run_at),
+        "max_attempts": job.max_attempts, "priority": job.priority, "run_at": _iso(job.run_at, formatted),
         "last_error": job.last_error, "waiting_reason": job.waiting_reason,
-        "cancel_requested": job.cancel_requested, "created_at": iso(job.created_at),
-        "started_at": iso(job.started_at), "finished_at": iso(job.finished_at), "snoozes": job.snoozes,
-        "result": job.result, "progress": job.progress, "progress_message": job.progress_message,
+        "cancel_requested": job.cancel_requested, "created_at": _iso(job.created_at, formatted),
+        "started_at": _iso(job.started_at, formatted), "finished_at": _iso(job.finished_at, formatted),
+        "snoozes": job.snoozes, "result": job.result, "progress": job.progress,
+        "progress_message": job.progress_message,
     }
+
+
+def _iso(value: datetime | None, formatted: dict[int, str]) -> str | None:
+    """The ISO text of a datetime (None for None), formatted once per object while `formatted` is used."""
+    if value is None:
+        return None
+    text = formatted.get(id(value))
+    if text is None:
+        text = formatted[id(value)] = value.isoformat()
+    return text
