@@ -80,11 +80,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     """Run a worker for the consumers of the given handler modules until SIGTERM/SIGINT."""
+    from outboxq.settings import get_settings
     from outboxq.workers.registry import load_handler_modules
     from outboxq.workers.runner import Worker
 
     url = _current_url()
-    processes = _worker_processes(args.processes)
+    processes = _worker_processes(args.processes or get_settings().worker_processes)
     if processes > 1:
         return _run_worker_processes(args, url, processes)
     consumers = load_handler_modules(args.handlers.split(","))
@@ -315,9 +316,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int,
                    help="serve this worker's Prometheus metrics on 127.0.0.1:PORT/metrics (with --processes N, "
                         "one port per process: PORT to PORT+N-1)")
-    p.add_argument("--processes", default="1",
-                   help="run N worker processes under one supervisor (uses N cores), or 'auto': one per core "
-                        "(default 1)")
+    p.add_argument("--processes",
+                   help="worker processes under one supervisor: N, or 'auto' (one per core, at most 4); default "
+                        "OUTBOXQ_WORKER_PROCESSES, else auto")
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("periodic", help="the periodic schedules, their last and next slots")

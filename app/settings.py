@@ -39,6 +39,9 @@ class Settings(BaseSettings):
     poll_interval: float = 1.0
     batch_size: int = 500
     concurrency: int = 16
+    # `outboxq worker` processes (OUTBOXQ_WORKER_PROCESSES; --processes): a number, or "auto": one per core up
+    # to outboxq.workers.processes.MAX_AUTO_PROCESSES (each process holds about five connections).
+    worker_processes: str = Field(default="auto", pattern=r"^(auto|[1-9][0-9]{0,3})$")
     shutdown_timeout: float = 30.0
     # sys.setswitchinterval for worker processes (0: leave the interpreter's 5 ms default).
     worker_switch_interval_s: float = 0.001

@@ -39,6 +39,7 @@ from typing import Any
 import psycopg
 
 from outboxq.progress import Progress
+from outboxq.workers.processes import default_count
 
 DRIVERS = Path(__file__).with_name("bench_drivers.py")
 DEFAULT_PEERS_VENV = "/tmp/peers-venv"
@@ -859,14 +860,17 @@ class Bench:
         wanted = args.which or ["drain", "enqueue", "latency"]
         steps: list[tuple[str, str, Callable[[], Any]]] = []
         if "drain" in wanted:
-            steps.append(("drain", "outboxq", lambda: self.drain("outboxq", args.jobs, "drain outboxq defaults")))
+            # `outboxq worker`'s defaults: --processes auto, one worker process per core (at most 4).
+            auto = default_count()
+            steps.append(("drain", "outboxq", lambda: self.drain(
+                "outboxq", args.jobs, f"drain outboxq defaults ({auto} processes)", processes=auto)))
             for processes in args.outboxq_processes:  # `outboxq worker --processes N`: N workers, one per process
                 steps.append(("drain", f"outboxq_p{processes}", lambda p=processes: self.drain(
                     "outboxq", args.jobs, f"drain outboxq --processes {p}", processes=p)))
             if args.limits:  # flow control (issue 14): what a limit costs when it does not bind, and when it does
                 for name, label, n, flow in flow_drains(args.jobs):
                     steps.append(("drain", name, lambda n=n, label=label, flow=flow: self.drain(
-                        "outboxq", n, label, flow=flow)))
+                        "outboxq", n, label, flow=flow, processes=auto)))
             if args.compare:
                 steps.append(("drain", "pgqueuer_defaults", lambda: self.drain(
                     "pgqueuer", args.jobs, "drain pgqueuer defaults (batch 10, 1 process)")))
@@ -1015,7 +1019,7 @@ def summarize(collected: dict[str, dict[str, list[Any]]]) -> dict[str, Any]:
         "outboxq_vs_procrastinate_best": ratio(ours, rates.get("procrastinate_c10_p4")),
     }
     for name, rate in rates.items():  # outboxq --processes N against the same peers
-        if name.startswith("outboxq_p"):
+        if re.fullmatch(r"outboxq_p[0-9]+", name):
             summary["ratios"][f"{name}_vs_pgqueuer_best"] = ratio(
                 rate, summary.get("pgqueuer_best", {}).get("jobs_per_s"))
     ceilings = summary.get("pgbench_jobs_per_s") or {}
@@ -1261,8 +1265,9 @@ def register(sub: Any) -> None:
                    help="jobs per Procrastinate drain, which runs at a few hundred jobs/s (default 5,000)")
     p.add_argument("--pgqueuer-sweep", type=_pair_list, default=_pair_list("100x1,500x1,500x2,1000x2"),
                    help="PgQueuer batch sizes x processes to sweep (default 100x1,500x1,500x2,1000x2)")
-    p.add_argument("--outboxq-processes", type=lambda text: [int(x) for x in text.split(",") if x], default=[2],
-                   help="also drain with outboxq worker --processes N for each N (default 2; '' for none)")
+    p.add_argument("--outboxq-processes", type=lambda text: [int(x) for x in text.split(",") if x], default=[1],
+                   help="also drain with outboxq worker --processes N for each N (default 1: the worker in one "
+                        "process, beside the defaults' one per core; '' for none)")
     p.add_argument("--pgbench-configs", type=_triple_list, default=_triple_list("1x1x2000,1x8x400,100x1x200,100x4x100"),
                    help="pgbench jobs-per-transaction x clients x transactions-per-client "
                         "(default 1x1x2000,1x8x400,100x1x200,100x4x100)")

@@ -155,7 +155,7 @@ class Scenario:
     def _start_worker(self, index: int) -> subprocess.Popen:
         log = open(self.log_dir / f"worker-{index}-{time.monotonic_ns()}.log", "w")
         return subprocess.Popen(
-            [sys.executable, "-m", "outboxq.cli", "--log-level", "WARNING", "worker",
+            [sys.executable, "-m", "outboxq.cli", "--log-level", "WARNING", "worker", "--processes", "1",
              "--handlers", "outboxq.tools.chaos_handlers", "--concurrency", "8", "--batch-size", "100"],
             env={**self._env(), "PGAPPNAME": WORKER_APP_NAME}, cwd=ROOT, stdout=log, stderr=log,
         )

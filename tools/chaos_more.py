@@ -139,7 +139,7 @@ class _WorkerScenario(Scenario):
         log = open(self.log_dir / f"worker-{index}-{time.monotonic_ns()}.log", "w")  # noqa: SIM115
         return subprocess.Popen(
             [sys.executable, "-m", "outboxq.cli", "--log-level", "WARNING", "worker", "--handlers", self.handlers,
-             "--concurrency", "4", "--batch-size", "20"],
+             "--processes", "1", "--concurrency", "4", "--batch-size", "20"],
             env={**self._env(), "PGAPPNAME": f"{WORKER_APP_NAME}:{index}"}, cwd=ROOT, stdout=log, stderr=log,
         )
 

@@ -99,9 +99,16 @@ class Supervisor:
         return worst
 
 
+# "auto" runs one process per core up to this many: every process holds its own connections (about five: the
+# dispatcher, completer, heartbeat, listener and maintenance), and a 64-core host must not take 320.
+MAX_AUTO_PROCESSES = 4
+
+
 def default_count() -> int:
-    """One process per core this process may run on."""
+    """What --processes auto means here: one process per core this process may run on, at most
+    MAX_AUTO_PROCESSES."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    return max(1, min(cores, MAX_AUTO_PROCESSES))

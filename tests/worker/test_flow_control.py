@@ -35,7 +35,7 @@ def _start_worker(db_url, log_path, queues, *extra):
     env = {**os.environ, "DATABASE_URL": db_url, "PYTHONPATH": str(ROOT), "OUTBOXQ_BACKOFF_JITTER": "0"}
     log = open(log_path, "ab")  # noqa: SIM115 - lives as long as the process
     return subprocess.Popen(
-        [sys.executable, "-m", "outboxq.cli", "--log-level", "WARNING", "worker",
+        [sys.executable, "-m", "outboxq.cli", "--log-level", "WARNING", "worker", "--processes", "1",
          "--handlers", "tests.handlers_flow", "--queues", queues, "--poll-interval", "0.2", *extra],
         env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
     )

@@ -33,7 +33,7 @@ def _start_worker(db_url, log_path):
     env = {**os.environ, "DATABASE_URL": db_url, "PYTHONPATH": str(ROOT)}
     log = open(log_path, "ab")  # noqa: SIM115 - lives as long as the process
     return subprocess.Popen(
-        [sys.executable, "-m", "outboxq.cli", "--log-level", "WARNING", "worker",
+        [sys.executable, "-m", "outboxq.cli", "--log-level", "WARNING", "worker", "--processes", "1",
          "--handlers", "tests.handlers_periodic", "--poll-interval", "0.2"],
         env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
     )

@@ -33,7 +33,7 @@ def _start_worker(db_url, log_path, *extra, **env_extra):
     env = {**os.environ, "DATABASE_URL": db_url, "PYTHONPATH": str(ROOT), **env_extra}
     log = open(log_path, "ab")  # noqa: SIM115 - closed by the test through the Popen's lifetime
     return subprocess.Popen(
-        [sys.executable, "-m", "outboxq.cli", "--log-level", "WARNING", "worker",
+        [sys.executable, "-m", "outboxq.cli", "--log-level", "WARNING", "worker", "--processes", "1",
          "--handlers", "tests.handlers_runtime", "--queues", "kill_effects,kill_plain", *extra],
         env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
     )

@@ -129,7 +129,8 @@ def test_zombie_worker_cannot_complete_a_rescued_job(db_url, caplog):
 def _start_worker(db_url, *extra, handlers="tests.handlers_basic"):
     env = {**os.environ, "DATABASE_URL": db_url, "PYTHONPATH": str(ROOT), "OUTBOXQ_POLL_INTERVAL": "0.2"}
     return subprocess.Popen(
-        [sys.executable, "-m", "outboxq.cli", "--log-level", "WARNING", "worker", "--handlers", handlers, *extra],
+        [sys.executable, "-m", "outboxq.cli", "--log-level", "WARNING", "worker", "--processes", "1", "--handlers", handlers,
+         *extra],
         env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
 

@@ -102,3 +102,29 @@ def test_processes_must_be_a_positive_number_or_auto(db_url):
     done = subprocess.run([sys.executable, "-m", "outboxq.cli", "worker", "--handlers", "tests.handlers_basic",
                            "--processes", "0"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "--processes must be a positive number or 'auto'" in done.stderr
+
+
+def test_by_default_a_worker_runs_one_process_per_core_up_to_four(db_url, tmp_path, monkeypatch):
+    from outboxq.workers.processes import MAX_AUTO_PROCESSES, default_count
+
+    monkeypatch.delenv("OUTBOXQ_WORKER_PROCESSES", raising=False)
+    expected = min(len(os.sched_getaffinity(0)), MAX_AUTO_PROCESSES)
+    assert default_count() == expected
+    sup = _supervisor(db_url, tmp_path / "w.log")
+    try:
+        if expected == 1:  # one core: no supervisor, the worker runs in this process
+            time.sleep(3)
+            assert sup.poll() is None and not psutil.Process(sup.pid).children()
+        else:
+            assert len(_children(sup, expected)) == expected
+    finally:
+        stop_processes(sup)
+
+
+def test_outboxq_worker_processes_sets_the_default(db_url, tmp_path, monkeypatch):
+    monkeypatch.setenv("OUTBOXQ_WORKER_PROCESSES", "3")
+    sup = _supervisor(db_url, tmp_path / "w.log")
+    try:
+        assert len(_children(sup, 3)) == 3
+    finally:
+        stop_processes(sup)
