@@ -54,8 +54,9 @@ def payload_table(lines: Sequence[str], schema: Any) -> Any | None:
     text = "\n".join(lines).encode()
     options = pyarrow_json.ParseOptions(explicit_schema=to_arrow_schema(schema),
                                         unexpected_field_behavior="ignore", newlines_in_values=False)
-    # A block holds whole lines: at least twice the longest, so that no payload straddles two blocks.
-    read = pyarrow_json.ReadOptions(block_size=max(1 << 20, 2 * max(map(len, lines)) + 2))
+    # A block holds whole lines: at least twice the longest (in UTF-8 bytes: up to 4 per character), so that
+    # no payload straddles two blocks.
+    read = pyarrow_json.ReadOptions(block_size=max(1 << 20, 8 * max(map(len, lines)) + 2))
     try:
         table = pyarrow_json.read_json(pyarrow.py_buffer(text), read_options=read, parse_options=options)
     except pyarrow.ArrowException:

@@ -216,10 +216,13 @@ class Dispatcher:
             "default_max_attempts": policy.max_attempts,
             **(params or {}),
         }
-        if statement is limits_sql.job_claim_limited_per_key:  # its own resume point: the round robin's key
-            rows = conn.execute(statement, values).fetchall()
-        else:
+        if statement is sql.job_claim_batch:
             rows = self._claim_from_cursor(conn, consumer.queue, statement, values)
+        else:
+            # A limited queue's claim reads from the front: its claims are cut short by its allowance (a short
+            # claim is no sign that the backlog ran out), and they wait for each other's lock. A per-key claim
+            # resumes after its round robin's key; a by-id claim takes its one job.
+            rows = conn.execute(statement, {**FROM_THE_FRONT, **values}).fetchall()
         conn.commit()
         if rows_out is not None:
             rows_out.extend(rows)

@@ -35,12 +35,22 @@ FAILED_START_S = 5.0
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Ask the kernel to send this process SIGTERM when its parent dies (Linux; elsewhere nothing)."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
+try:  # loaded once here, not in the forked child
+    _LIBC: ctypes.CDLL | None = ctypes.CDLL(None, use_errno=True)
+except OSError:  # pragma: no cover
+    _LIBC = None
+
+
+def _die_with(parent_pid: int) -> Callable[[], None]:
+    """What a child runs between fork and exec: ask the kernel for SIGTERM when its parent dies (Linux;
+    elsewhere nothing), and exit at once if the parent died before that request was made."""
+    def request() -> None:  # pragma: no cover - runs in the child
+        prctl = getattr(_LIBC, "prctl", None)
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent_pid:
+            os._exit(1)
+    return request
 
 
 class Supervisor:
@@ -57,7 +67,7 @@ class Supervisor:
 
     def _start(self, index: int) -> None:
         argv = [sys.executable, "-m", "outboxq.cli", *self.child_argv(index)]
-        self.children[index] = subprocess.Popen(argv, preexec_fn=_die_with_parent)  # noqa: PLW1509 - no threads run user code here
+        self.children[index] = subprocess.Popen(argv, preexec_fn=_die_with(os.getpid()))  # noqa: PLW1509 - no threads run user code here
         self._started_at[index] = time.monotonic()
         log.info("worker process %d started (pid %d)", index, self.children[index].pid)
 
@@ -82,6 +92,7 @@ class Supervisor:
                     break
                 log.warning("worker process %d (pid %d) exited with %s: restarting it in %.0f s",
                             index, child.pid, code, RESTART_DELAY_S)
+                del self.children[index]  # (a stop during the delay must not count its exit code)
                 if self._stopping.wait(RESTART_DELAY_S):
                     break
                 self._start(index)

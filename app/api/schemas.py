@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -269,8 +269,9 @@ def job_public(job: Any, marker: str | None = None) -> dict[str, Any]:
     return out
 
 
-def jobs_public(jobs: Iterable[Any]) -> list[dict[str, Any]]:
-    """The JSON of each Job; a time shared by several of them (a batch's created_at) is formatted once."""
+def jobs_public(jobs: Sequence[Any]) -> list[dict[str, Any]]:
+    """The JSON of each Job; a time shared by several of them (a batch's created_at) is formatted once (by the
+    time object's id(): the jobs must all stay alive meanwhile, hence a sequence, not any iterable)."""
     formatted: dict[int, str] = {}
     return [_job_public(job, formatted) for job in jobs]
 

@@ -110,9 +110,10 @@ def fair_hold(concurrency: int, mean_job_s: float | None, most: int) -> int:
 def round_robin(rows: list[dict[str, Any]], after_key: str) -> tuple[list[dict[str, Any]], str]:
     """A per-key claim's rows in the order its handlers take them, and where the next claim resumes.
 
-    The order the claim itself used: the keys as its scan met them (after `after_key`, then wrapping around),
-    every key's first job (priority, run_at, id), then every key's second job, and so on. The next claim resumes
-    after the last key served in that scan."""
+    Every key's first job (priority, run_at, id), then every key's second job, and so on, the keys after
+    `after_key` first (then wrapping around). The next claim resumes after the last key the claim's scan served
+    (its `resume_key`, in the database's collation: Python's string order, used here only to interleave the
+    keys, need not match it)."""
     keys = sorted({r["limit_key"] for r in rows}, key=lambda k: (k <= after_key, k))
     pos = {k: i for i, k in enumerate(keys)}
     turn: dict[Any, int] = {}
@@ -120,7 +121,7 @@ def round_robin(rows: list[dict[str, Any]], after_key: str) -> tuple[list[dict[s
     for r in sorted(rows, key=lambda r: (r["priority"], r["run_at"], r["id"])):
         seen[r["limit_key"]] = turn[r["id"]] = seen.get(r["limit_key"], 0) + 1
     ordered = sorted(rows, key=lambda r: (turn[r["id"]], pos[r["limit_key"]]))
-    return ordered, keys[-1] if keys else after_key
+    return ordered, rows[0]["resume_key"] if rows else after_key
 
 
 # A per-key claim scans this many keys more than it may claim jobs, to pass keys that are at their limit.

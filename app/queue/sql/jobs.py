@@ -128,10 +128,6 @@ RETRY_SET = """SET status = 'queued', run_at = now(), finished_at = NULL, cancel
         max_attempts = CASE WHEN max_attempts <> 0 AND attempts >= max_attempts THEN attempts + 1
                             ELSE max_attempts END"""
 
-# One statement: read the queue's state (paused, failing), lock fresh jobs with SKIP LOCKED, and while the
-# queue is failing take at most one retrying job (and none while another retry is in flight), so that a
-# downstream that is down sees one probe at a time instead of every retry at once. The picked ids go to the
-# UPDATE as an array: a join would let the planner hash-join a sequential scan of the whole table.
 # Where a claim's scan of the claim index starts (outboxq.workers.claim_cursor): after the last job this
 # worker's previous claim of the queue took, or (all NULL) at the front. While an old snapshot holds back
 # vacuum, the entries of every job claimed so far stay at the front of the index, and a scan from the front
@@ -140,6 +136,10 @@ RETRY_SET = """SET status = 'queued', run_at = now(), finished_at = NULL, cancel
 CLAIM_CURSOR = ("coalesce(%(after_priority)s::smallint, -32768), coalesce(%(after_run_at)s::timestamptz, "
                 "'-infinity'), coalesce(%(after_id)s::bigint, 0)")
 
+# One statement: read the queue's state (paused, failing), lock fresh jobs with SKIP LOCKED, and while the
+# queue is failing take at most one retrying job (and none while another retry is in flight), so that a
+# downstream that is down sees one probe at a time instead of every retry at once. The picked ids go to the
+# UPDATE as an array: a join would let the planner hash-join a sequential scan of the whole table.
 job_claim_batch = f"""
 WITH queue_state AS (
     SELECT coalesce(bool_or(paused), false) AS paused,

@@ -165,8 +165,9 @@ flow_claimed_keys AS (SELECT '' AS limit_key, count(*)::int AS n FROM flow_claim
 # starts after `after_key` (the last key the worker served) and wraps around, at most `max_keys` of them;
 # each key's allowance (its own concurrency and rate limits), capped at an equal share of `limit`; then round
 # robin: every key's first job, then every key's second job, and so on. `pos` is each key's place in the
-# scan: the worker resumes after the last key it served (outboxq.queue.limits.round_robin computes the same
-# order from the rows returned: joining them back to flow_picked here cost a tenth of the claim).
+# scan: the worker resumes after the last key it served (`resume_key`, in the database's collation, which
+# Python's string order need not match). The handlers' order is computed from the rows returned
+# (outboxq.queue.limits.round_robin): joining each row back to flow_picked here cost a tenth of the claim.
 # The skip scan keeps each key's first live index entry (priority, run_at, id), and the key's jobs are read
 # from there: during a drain the entries of the jobs already claimed lie at the front of every key's range,
 # and walking them twice per key per claim cost more than the claim itself. `attempts >= 0` (always true) reads a column the index lacks, so the scan visits the
@@ -247,6 +248,8 @@ flow_claimed AS (
 flow_claimed_keys AS (SELECT limit_key, count(*)::int AS n FROM flow_claimed GROUP BY limit_key),"""
     + _STARTS
     + """
-SELECT * FROM flow_claimed
+SELECT c.*, (SELECT p.limit_key FROM flow_picked p WHERE p.id IN (SELECT id FROM fresh)
+              ORDER BY p.pos DESC LIMIT 1) AS resume_key
+FROM flow_claimed c
 """
 )
