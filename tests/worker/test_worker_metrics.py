@@ -33,8 +33,10 @@ def test_worker_serves_counts_by_queue_and_outcome_and_durations(db_url):
     try:
         port = worker.metrics.port
         done = ("outboxq_worker_jobs_finished_total", (("outcome", "succeeded"), ("queue", "metered")))
-        wait_for(lambda: scrape(port).get(done) == 15, timeout=20)
-        samples = scrape(port)
+        failed = ("outboxq_worker_jobs_finished_total", (("outcome", "failed"), ("queue", "metered")))
+        # Both outcomes counted: the completer may count the last failures in a later batch than the successes.
+        samples = wait_for(lambda: (now := scrape(port)).get(done) == 15 and now.get(failed) == 5 and now,
+                           timeout=20)
     finally:
         worker.stop(timeout=5)
     assert samples[("outboxq_worker_jobs_started_total", (("queue", "metered"),))] == 20
