@@ -19,12 +19,19 @@ def _url() -> str:
     return database_url()
 
 
-def _current_url() -> str:
-    """The database URL, refusing to go on when its schema is not migrated to this version."""
-    from outboxq.queue.migrate import ensure_current
+def _current_url(wait: bool = False) -> str:
+    """The database URL, refusing to go on when its schema is not migrated to this version. With `wait` (the
+    long-running commands: worker, spark run), first waits up to OUTBOXQ_DB_WAIT_S for the database to answer:
+    started beside a database that is (re)starting, they wait rather than exit (an unmigrated schema is
+    refused at once: it needs `outboxq migrate`)."""
+    from outboxq.queue.migrate import ensure_current, wait_until_current
+    from outboxq.settings import get_settings
 
     url = _url()
-    ensure_current(url)
+    if wait:
+        wait_until_current(url, get_settings().db_wait_s, wait_for_migration=False)
+    else:
+        ensure_current(url)
     return url
 
 
@@ -84,7 +91,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from outboxq.workers.registry import load_handler_modules
     from outboxq.workers.runner import Worker
 
-    url = _current_url()
+    url = _current_url(wait=True)
     processes = _worker_processes(args.processes or get_settings().worker_processes)
     if processes > 1:
         return _run_worker_processes(args, url, processes)
@@ -386,6 +393,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `outboxq` console script."""
+    import psycopg
+
     from outboxq.logs import configure_logging
 
     parser = build_parser()
@@ -398,6 +407,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except OutboxqError as exc:
         print(f"outboxq: {exc}", file=sys.stderr)
+        return 1
+    except psycopg.OperationalError as exc:  # the database did not answer (after waiting, where a command waits)
+        print(f"outboxq: cannot reach the database: {exc}", file=sys.stderr)
         return 1
 
 

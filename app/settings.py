@@ -77,7 +77,8 @@ class Settings(BaseSettings):
     # HMAC key of the listing markers; empty: a random key made by the first API process and kept in the
     # database (outboxq_secrets), so markers survive restarts and agree across API processes.
     marker_secret: str = ""
-    # How long `outboxq serve` waits for the database at start-up before serving (503 on /readyz) anyway.
+    # How long `outboxq serve` waits for the database at start-up before serving (503 on /readyz) anyway, and
+    # `outboxq worker` and `outboxq spark run` before they give up (exit 1).
     db_wait_s: float = 30.0
     # False: GET /metrics needs a token with the read scope.
     metrics_public: bool = True

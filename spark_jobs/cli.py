@@ -50,7 +50,7 @@ def cmd_spark_run(args: argparse.Namespace) -> int:
     from outboxq.progress import Progress
     from outboxq.spark_jobs import batches, registry
 
-    url = _current_url()
+    url = _current_url(wait=True)
     batch_id = args.batch_id
     fields = {"queue": args.queue, "processor": args.processor, "output_table": args.output_table,
               "batch_size": args.batch_size, "master": args.master}

@@ -9,13 +9,12 @@ import sys
 
 import psycopg
 import uvicorn
-from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from outboxq.api import create_app
 from outboxq.api.auth import parse_tokens
 from outboxq.db import database_url
 from outboxq.errors import SchemaOutOfDate
-from outboxq.queue.migrate import ensure_current
+from outboxq.queue.migrate import wait_until_current
 from outboxq.settings import Settings, get_settings
 
 log = logging.getLogger("outboxq.api")
@@ -24,14 +23,7 @@ log = logging.getLogger("outboxq.api")
 def wait_for_database(url: str, timeout_s: float) -> bool:
     """Wait up to `timeout_s` for the database to answer with a current schema; False when it never did."""
     try:
-        for attempt in Retrying(
-            stop=stop_after_delay(timeout_s),
-            wait=wait_exponential(multiplier=0.2, max=2.0),
-            retry=retry_if_exception_type((psycopg.OperationalError, SchemaOutOfDate)),
-            reraise=True,
-        ):
-            with attempt:
-                ensure_current(url)
+        wait_until_current(url, timeout_s)
         return True
     except (psycopg.OperationalError, SchemaOutOfDate) as exc:
         log.warning("starting without a ready database (/readyz answers 503 until it is): %s", exc)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from functools import lru_cache
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 from psycopg.rows import tuple_row
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 import outboxq.migrations
 from outboxq.db import one_row
@@ -17,6 +19,8 @@ from outboxq.errors import SchemaOutOfDate
 from outboxq.queue import sql
 from outboxq.queue.schema import VERSION_TABLE
 from outboxq.settings import get_settings
+
+log = logging.getLogger("outboxq")
 
 # The alembic scripts: the outboxq.migrations subpackage (the repository's migrations/ folder).
 MIGRATIONS_DIR = Path(outboxq.migrations.__file__).resolve().parent
@@ -72,3 +76,25 @@ def ensure_current(url: str, schema: str | None = None) -> None:
             f"the database schema is at {current or 'nothing (never migrated)'} but this outboxq needs "
             f"{head_revision()}: run `outboxq migrate` first"
         )
+
+
+def wait_until_current(url: str, timeout_s: float, schema: str | None = None, *,
+                       wait_for_migration: bool = True) -> None:
+    """ensure_current(), tried again (backing off up to 2 s apart) for up to `timeout_s` while the database does not
+    answer (it is starting or restarting) or, with `wait_for_migration`, is not migrated yet: a process started
+    beside such a database waits for it instead of exiting. Raises the last error when it never was ready."""
+    waiting = (psycopg.OperationalError, SchemaOutOfDate) if wait_for_migration else psycopg.OperationalError
+
+    def say_once(state: RetryCallState) -> None:
+        if state.attempt_number == 1 and state.outcome is not None:
+            log.warning("waiting up to %.0f s for the database: %s", timeout_s, state.outcome.exception())
+
+    for attempt in Retrying(
+        stop=stop_after_delay(timeout_s),
+        wait=wait_exponential(multiplier=0.2, max=2.0),
+        retry=retry_if_exception_type(waiting),
+        before_sleep=say_once,
+        reraise=True,
+    ):
+        with attempt:
+            ensure_current(url, schema)

@@ -193,6 +193,45 @@ def test_worker_refuses_an_unmigrated_database(pg_server_url, tmp_path):
             c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def test_a_worker_started_before_its_database_answers_waits_for_it_then_works(pg_server_url, template_db):
+    """A database that is (re)starting refuses connections; here one that does not exist yet does."""
+    from outboxq.db import url_with_database
+
+    name = f"outboxq_late_{os.getpid()}"
+    url = url_with_database(pg_server_url, name)
+    proc = _start_worker(url, "--queues", "count")
+    try:
+        time.sleep(2.0)
+        assert proc.poll() is None, proc.communicate()[1].decode()
+        with psycopg.connect(pg_server_url, autocommit=True) as c:
+            c.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
+        with psycopg.connect(url) as conn:
+            conn.execute(RUNS_TABLE_DDL)
+            job = enqueue(conn, "count", {"i": 1})
+            conn.commit()
+            wait_for(lambda: get_job(conn, job.id).status == JobStatus.DONE, timeout=30)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=20)
+        assert proc.returncode == 0
+        assert b"waiting up to 30 s for the database" in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        with psycopg.connect(pg_server_url, autocommit=True) as c:
+            c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_a_worker_gives_up_on_a_database_that_never_answers(pg_server_url):
+    from outboxq.db import url_with_database
+
+    env = {**os.environ, "OUTBOXQ_DB_WAIT_S": "1", "DATABASE_URL": url_with_database(pg_server_url, "outboxq_nowhere")}
+    proc = subprocess.run([sys.executable, "-m", "outboxq.cli", "worker", "--processes", "1", "--handlers",
+                           "tests.handlers_basic"], env=env, cwd=ROOT, capture_output=True, timeout=60)
+    assert proc.returncode != 0
+    assert b"outboxq: cannot reach the database" in proc.stderr and b"outboxq_nowhere" in proc.stderr
+    assert b"Traceback" not in proc.stderr
+
+
 @pytest.mark.parametrize("is_async", [False, True])
 def test_sync_and_async_handlers_both_run(db_url, is_async):
     seen = []
