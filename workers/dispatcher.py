@@ -217,7 +217,9 @@ class Dispatcher:
             **(params or {}),
         }
         if statement is sql.job_claim_batch:
-            rows = self._claim_from_cursor(conn, consumer.queue, statement, values)
+            with conn.pipeline():  # the SET goes in the claim's round trip
+                conn.execute(sql.claim_commit_async)
+                rows = self._claim_from_cursor(conn, consumer.queue, statement, values)
         else:
             # A limited queue's claim reads from the front: its claims are cut short by its allowance (a short
             # claim is no sign that the backlog ran out), and they wait for each other's lock. A per-key claim

@@ -107,3 +107,44 @@ def claim_index_entries_read(conn, params) -> int:
     read = entries() - before
     conn.rollback()
     return read
+
+
+def _record_commit_mode(db_url):
+    """A trigger that writes the synchronous_commit of every transaction that claims a job."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE claim_commit_modes (mode text)")
+        conn.execute("""CREATE FUNCTION record_commit_mode() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN INSERT INTO claim_commit_modes VALUES (current_setting('synchronous_commit')); RETURN NULL; END $$""")
+        conn.execute("""CREATE TRIGGER record_commit_mode AFTER UPDATE ON outboxq_jobs FOR EACH STATEMENT
+            EXECUTE FUNCTION record_commit_mode()""")
+
+
+def _commit_modes(db_url):
+    with psycopg.connect(db_url) as conn:
+        return {r[0] for r in conn.execute("SELECT mode FROM claim_commit_modes").fetchall()}
+
+
+def test_an_unlimited_claim_commits_without_waiting_for_the_disk_and_the_session_stays_synchronous(worker, db_url):
+    w, consumer, conn = worker
+    _record_commit_mode(db_url)
+    _fill(db_url, 3)
+    assert len(w.claim(conn, consumer, 3)) == 3
+    assert _commit_modes(db_url) == {"off"}
+    assert conn.execute("SHOW synchronous_commit").fetchone()["synchronous_commit"] == "on"
+
+
+def test_a_limited_claim_commits_synchronously(db_url):
+    from outboxq.queue import limits as flow_limits
+
+    consumer = Consumer("limited", lambda payload: None, global_concurrency=5)
+    w = Worker([consumer], url=db_url, run_maintenance=False, listen=False)
+    _record_commit_mode(db_url)
+    with psycopg.connect(db_url) as c:
+        enqueue_many(c, "limited", [{"n": i} for i in range(3)])
+        c.commit()
+    with w.connect() as conn:
+        limits = flow_limits.QueueLimits(queue="limited", global_concurrency=5)
+        flow_limits.declare(conn, limits)
+        conn.commit()
+        assert len(w.claim_limited(conn, consumer, limits, 3)) == 3
+    assert _commit_modes(db_url) == {"on"}

@@ -136,6 +136,13 @@ RETRY_SET = """SET status = 'queued', run_at = now(), finished_at = NULL, cancel
 CLAIM_CURSOR = ("coalesce(%(after_priority)s::smallint, -32768), coalesce(%(after_run_at)s::timestamptz, "
                 "'-infinity'), coalesce(%(after_id)s::bigint, 0)")
 
+# An unlimited claim's commit does not wait for its WAL to reach the disk (this transaction only; measured
+# here: a commit 0.19 -> 0.05 ms, on the path from enqueue to handler start). A claim lost in a server crash
+# leaves its jobs as they were before it: they run again, at least once, as after a worker's death (the lost
+# lease token fences the late completion out). A completion commits synchronously and so makes the claims
+# before it durable. Limited claims keep synchronous commit: their counts and start log must survive a crash.
+claim_commit_async = "SET LOCAL synchronous_commit = off"
+
 # One statement: read the queue's state (paused, failing), lock fresh jobs with SKIP LOCKED, and while the
 # queue is failing take at most one retrying job (and none while another retry is in flight), so that a
 # downstream that is down sees one probe at a time instead of every retry at once. The picked ids go to the
