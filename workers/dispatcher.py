@@ -46,7 +46,9 @@ class Dispatcher:
                     conn = s.connect()
                 claimed_any_full = False
                 now = time.monotonic()
-                if self._limits_read_at is None or now - self._limits_read_at >= flow_limits.LIMITS_REFRESH_S:
+                # The limits are re-read while idle (below), off the path from a notification to its claim; a
+                # dispatcher that is never idle re-reads them here, at twice the interval.
+                if self._limits_read_at is None or now - self._limits_read_at >= 2 * flow_limits.LIMITS_REFRESH_S:
                     self.read_limits(conn)
                 for queue_name, consumer in s.consumers.items():
                     if s.stopping.is_set() or s.idle_until[queue_name] > now:
@@ -80,6 +82,9 @@ class Dispatcher:
                         claimed_any_full = True
                 if claimed_any_full and self._room() > 0:
                     continue
+                if self._limits_read_at is not None and (
+                        time.monotonic() - self._limits_read_at >= flow_limits.LIMITS_REFRESH_S):
+                    self.read_limits(conn)
                 next_due = min(s.idle_until.values()) - time.monotonic()
                 s.wake.wait(timeout=max(0.001, min(s.poll_interval, next_due)) if next_due > 0 else 0.05)
                 s.wake.clear()
@@ -220,10 +225,15 @@ class Dispatcher:
             with conn.pipeline():  # the SET goes in the claim's round trip
                 conn.execute(sql.claim_commit_async)
                 rows = self._claim_from_cursor(conn, consumer.queue, statement, values)
+        elif statement is limits_sql.job_claim_limited:
+            # A limited claim reads from the cursor too: while its limit does not bind, it drains a backlog as the
+            # unlimited claim does. A claim cut short by its allowance resets the cursor like a backlog that ran
+            # out (the next claims read from the front, as they did); the rest claimed from the front in the same
+            # transaction counts the jobs the first statement took (the queue's lock is held until commit).
+            rows = self._claim_from_cursor(conn, consumer.queue, statement, values)
         else:
-            # A limited queue's claim reads from the front: its claims are cut short by its allowance (a short
-            # claim is no sign that the backlog ran out), and they wait for each other's lock. A per-key claim
-            # resumes after its round robin's key; a by-id claim takes its one job.
+            # A per-key claim resumes after its round robin's key (its skip scan starts at each key's first live
+            # entry); a by-id claim takes its one job.
             rows = conn.execute(statement, {**FROM_THE_FRONT, **values}).fetchall()
         conn.commit()
         if rows_out is not None:
