@@ -13,7 +13,7 @@ import threading
 import psycopg
 from psycopg.rows import dict_row
 
-from outboxq.db import DictConnection
+from outboxq.db import DictConnection, with_fast_json
 from outboxq.queue import limits as flow_limits
 from outboxq.settings import Settings
 from outboxq.workers.executor import AsyncLoop, ClaimedJob, Outcome
@@ -70,7 +70,7 @@ class WorkerState:
 
     def connect(self) -> DictConnection:
         """A new connection of the worker's (dict rows)."""
-        return psycopg.connect(self.url, row_factory=dict_row)
+        return with_fast_json(psycopg.connect(self.url, row_factory=dict_row))
 
     def thread_connection(self) -> DictConnection:
         """A connection owned by the calling handler thread (for ctx.transaction())."""

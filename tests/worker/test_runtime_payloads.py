@@ -185,3 +185,29 @@ def test_context_captured_at_enqueue_is_restored_in_the_handler_and_on_its_log_l
     assert "handling attempt 1" in messages and "handling attempt 2" in messages
     assert any("attempt 1 failed" in m for m in messages)  # the worker's own line about the job
     assert all(r.job_context == {REQUEST_ID_VAR: "req-42"} for r in about_job)
+
+
+def test_a_handler_gets_its_payload_exactly_as_json_loads_reads_it(db_url):
+    """The worker parses payloads with orjson; what orjson would read otherwise (an integer beyond 64 bits, which
+    it turns into a float) must still arrive exact."""
+    import json
+
+    payloads = [{"big": 123456789012345678901234567890, "neg": -98765432109876543210987},
+                {"max64": 9223372036854775807, "f": 0.1, "e": 1e300, "s": "é\u2603", "n": None, "l": [1, [2, {}]]},
+                {"digits_in_text": "12345678901234567890123", "i": 7}, [1, 2.5, "x"], "text", 42]
+    seen = []
+    consumer = Consumer("exact", lambda payload: seen.append(payload))
+    with psycopg.connect(db_url) as conn:
+        enqueue_many(conn, "exact", payloads)
+        conn.commit()
+    worker = Worker([consumer], url=db_url, run_maintenance=False, listen=False)
+    worker.start()
+    try:
+        wait_for(lambda: len(seen) == len(payloads))
+    finally:
+        worker.stop()
+    with psycopg.connect(db_url) as conn:  # what json.loads makes of the text PostgreSQL gives back
+        stored = [json.loads(r[0]) for r in conn.execute("SELECT payload::text FROM outboxq_jobs").fetchall()]
+    expected = sorted(json.dumps(p, sort_keys=True) for p in stored)
+    assert sorted(json.dumps(p, sort_keys=True) for p in seen) == expected
+    assert any(type(p) is dict and type(p.get("big")) is int for p in seen)
