@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterable
 from typing import Any, TypeVar
 
 import orjson
@@ -54,6 +55,14 @@ def with_fast_json(conn: psycopg.Connection[Row]) -> psycopg.Connection[Row]:
     application embedding outboxq may rely on, is left alone)."""
     set_json_loads(loads_json, conn)
     return conn
+
+
+def array_literal(values: Iterable[object]) -> str:
+    """A PostgreSQL array literal ('{1,2,3}') of integers or UUIDs, for a parameter cast in its statement
+    (`%(ids)s::bigint[]`): a str join, where psycopg dumps a list element by element in Python (a few
+    microseconds a job in a worker's completions). Only for values whose text has no comma, quote, brace or
+    space."""
+    return "{" + ",".join(map(str, values)) + "}"
 
 
 def database_url(settings: Settings | None = None) -> str:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import psycopg
 
-from outboxq.db import DictConnection
+from outboxq.db import DictConnection, array_literal
 from outboxq.queue import sql
 from outboxq.workers.executor import Outcome
 from outboxq.workers.state import RECONNECT_DELAY_S, WorkerState
@@ -84,9 +84,10 @@ class Completer:
                 "results": [o.result_json for o in with_results],
             })
         if to_complete:
+            tokens = {o.job.lease_token: str(o.job.lease_token) for o in to_complete}  # a few per batch
             rows = conn.execute(sql.job_complete_batch, {
-                "ids": [o.job.id for o in to_complete],
-                "lease_tokens": [o.job.lease_token for o in to_complete],
+                "ids": array_literal(o.job.id for o in to_complete),
+                "lease_tokens": array_literal(tokens[o.job.lease_token] for o in to_complete),
             }).fetchall()
             completed_ids = {r["id"] for r in rows if r["id"] is not None}
         failed_writes = []
