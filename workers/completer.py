@@ -84,10 +84,13 @@ class Completer:
                 "results": [o.result_json for o in with_results],
             })
         if to_complete:
-            tokens = {o.job.lease_token: str(o.job.lease_token) for o in to_complete}  # a few per batch
+            # A claim's jobs share its token object: a few per batch, each made text once (keyed by identity,
+            # since a UUID's hash is computed in Python).
+            tokens = {id(o.job.lease_token): o.job.lease_token for o in to_complete}
+            texts = {key: str(token) for key, token in tokens.items()}
             rows = conn.execute(sql.job_complete_batch, {
                 "ids": array_literal(o.job.id for o in to_complete),
-                "lease_tokens": array_literal(tokens[o.job.lease_token] for o in to_complete),
+                "lease_tokens": array_literal(texts[id(o.job.lease_token)] for o in to_complete),
             }).fetchall()
             completed_ids = {r["id"] for r in rows if r["id"] is not None}
         failed_writes = []
