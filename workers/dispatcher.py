@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -169,24 +170,23 @@ class Dispatcher:
 
         The claims of one limited queue take turns (an advisory lock until commit), each counting what runs
         and what started under the previous one."""
-        rows: list[dict[str, Any]] = []
         # One round trip for the lock and the claim (a pipeline); still two statements, two snapshots.
         with conn.pipeline():
             conn.execute(limits_sql.queue_limit_claim_lock, {"queue": consumer.queue})
             if not limits.per_key:
                 return self.claim(conn, consumer, limit, statement=limits_sql.job_claim_limited)
             after_key = self._limit_cursor.get(consumer.queue, "")
-            jobs = self.claim(conn, consumer, limit, statement=limits_sql.job_claim_limited_per_key,
+
+            def round_robin(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+                # Handlers take the batch in round-robin order too (every key's first job, then every key's
+                # second...): a key that just arrived does not wait behind another key's share of the batch.
+                # The next claim resumes after the last key served.
+                ordered, self._limit_cursor[consumer.queue] = flow_limits.round_robin(rows, after_key)
+                return ordered
+
+            return self.claim(conn, consumer, limit, statement=limits_sql.job_claim_limited_per_key,
                               params={"after_key": after_key, "max_keys": flow_limits.key_budget(limit)},
-                              rows_out=rows)
-        if rows:
-            # Handlers take the batch in round-robin order too (every key's first job, then every key's second...):
-            # a key that just arrived does not wait behind another key's share of the batch. The next claim
-            # resumes after the last key served.
-            ordered, self._limit_cursor[consumer.queue] = flow_limits.round_robin(rows, after_key)
-            place = {r["id"]: i for i, r in enumerate(ordered)}
-            jobs.sort(key=lambda job: place[job.id])
-        return jobs
+                              order=round_robin)
 
     def _claim_from_cursor(self, conn: DictConnection, queue: str, statement: str,
                            values: dict[str, Any]) -> list[dict[str, Any]]:
@@ -206,8 +206,9 @@ class Dispatcher:
 
     def claim(self, conn: DictConnection, consumer: Consumer, limit: int,
               statement: str = sql.job_claim_batch, params: dict[str, Any] | None = None,
-              rows_out: list[dict[str, Any]] | None = None) -> list[ClaimedJob]:
-        """Claim up to `limit` jobs of the consumer's queue under a fresh lease token (committed)."""
+              order: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] | None = None) -> list[ClaimedJob]:
+        """Claim up to `limit` jobs of the consumer's queue under a fresh lease token (committed), handed to the
+        handlers in claim order (priority, run_at, id), or in the order `order` gives the rows."""
         s = self.state
         lease_token = uuid.uuid4()
         lease_s = consumer.effective_lease_s(s.settings)
@@ -236,14 +237,15 @@ class Dispatcher:
             # entry); a by-id claim takes its one job.
             rows = conn.execute(statement, {**FROM_THE_FRONT, **values}).fetchall()
         conn.commit()
-        if rows_out is not None:
-            rows_out.extend(rows)
         if not rows:
             return []
         if rows[0]["queue_failing"]:
             s.failing_queues.add(consumer.queue)
         # UPDATE ... RETURNING gives no order: hand jobs to the handlers in claim order (priority first).
-        rows.sort(key=lambda r: (r["priority"], r["run_at"], r["id"]))
+        if order is None:
+            rows.sort(key=lambda r: (r["priority"], r["run_at"], r["id"]))
+        else:
+            rows = order(rows)
         jobs = []
         for r in rows:
             payload = r["payload"] if r["payload_bytes"] is None else bytes(r["payload_bytes"])

@@ -116,12 +116,14 @@ def round_robin(rows: list[dict[str, Any]], after_key: str) -> tuple[list[dict[s
     keys, need not match it)."""
     keys = sorted({r["limit_key"] for r in rows}, key=lambda k: (k <= after_key, k))
     pos = {k: i for i, k in enumerate(keys)}
-    turn: dict[Any, int] = {}
     seen: dict[str, int] = {}
+    turns = []
     for r in sorted(rows, key=lambda r: (r["priority"], r["run_at"], r["id"])):
-        seen[r["limit_key"]] = turn[r["id"]] = seen.get(r["limit_key"], 0) + 1
-    ordered = sorted(rows, key=lambda r: (turn[r["id"]], pos[r["limit_key"]]))
-    return ordered, rows[0]["resume_key"] if rows else after_key
+        key = r["limit_key"]
+        seen[key] = turn = seen.get(key, 0) + 1
+        turns.append((turn, pos[key], r))
+    turns.sort(key=lambda t: (t[0], t[1]))
+    return [r for _, _, r in turns], rows[0]["resume_key"] if rows else after_key
 
 
 # A per-key claim scans this many keys more than it may claim jobs, to pass keys that are at their limit.
