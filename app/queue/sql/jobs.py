@@ -42,10 +42,12 @@ RETURNING id, key, status, run_at, created_at
 """
 
 # Key-less enqueue_many goes through COPY (about twice the rows/s of the INSERT above): first reserve the
-# ids (COPY cannot return them) and read the transaction's clock for run_at and created_at.
+# ids (COPY cannot return them) and read the transaction's clock for run_at and created_at. The sequence is
+# looked up once, in a materialized CTE: written inside nextval() (or in a subquery the planner pulls up) it is
+# looked up for every id, which made this statement 28 ms of a 10,000-job batch instead of 5.
 job_reserve_ids = """
-SELECT array(SELECT nextval(pg_get_serial_sequence('outboxq_jobs', 'id')) FROM generate_series(1, %(n)s))
-       AS ids,
+WITH s AS MATERIALIZED (SELECT pg_get_serial_sequence('outboxq_jobs', 'id')::regclass AS seq)
+SELECT array(SELECT nextval(s.seq) FROM s, generate_series(1, %(n)s)) AS ids,
        now() AS now
 """
 
