@@ -124,14 +124,14 @@ def _plain_json(value: Any) -> bool:
 def payload_json(payload: Any) -> str:
     """The payload as JSON text, or InvalidPayload: json.dumps(allow_nan=False)'s verdict on every payload.
 
-    Payloads of plain JSON types go through orjson (a tenth of json.dumps' time on small payloads); anything
-    else, and what orjson refuses (ints beyond 64 bits, lone surrogates, nesting past 254 levels), goes
-    through json.dumps, so that nothing it refuses (NaN, UUIDs, enums, circular data) is written.
+    Payloads of plain JSON types go through orjson (with the type check, a seventh of json.dumps' time on small
+    payloads); anything else, and what orjson refuses (ints beyond 64 bits, lone surrogates, nesting past 254
+    levels), goes through json.dumps, so that nothing it refuses (NaN, UUIDs, enums, circular data) is written.
     """
     try:
         if _plain_json(payload):
             return orjson.dumps(payload).decode()
-    except (orjson.JSONEncodeError, RecursionError):  # RecursionError: circular or very deep; json.dumps says
+    except (orjson.JSONEncodeError, RecursionError):  # circular or very deep data: json.dumps gives the verdict
         pass
     try:
         return json.dumps(payload, separators=(",", ":"), allow_nan=False)
