@@ -69,9 +69,16 @@ def set_outcome(span: Any, outcome: str, error: str | None = None) -> None:
 
 
 def instrument_app(app: Any) -> None:
-    """Make the API's requests spans (when opentelemetry-instrumentation-fastapi is installed)."""
+    """Make the API's requests spans, when opentelemetry-instrumentation-fastapi is installed and a tracer
+    provider is configured before the app is created (`opentelemetry-instrument` does that).
+
+    Without a provider the middleware's spans record nothing but still cost: about 1.2 ms of a 1,000-job batch
+    request, a sixth of the route's own time. The spans of each ASGI receive and send are left out: a large
+    body arrives in many messages, each a span, and the request's span says what they would."""
+    if not enabled():
+        return
     try:
         from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
     except ImportError:
         return
-    FastAPIInstrumentor.instrument_app(app)
+    FastAPIInstrumentor.instrument_app(app, exclude_spans=["receive", "send"])

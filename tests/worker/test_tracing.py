@@ -90,3 +90,25 @@ def test_an_async_handlers_own_spans_are_children_of_its_consume_span(db_url):
     inner = next(s for s in spans if s.name == "inside the async handler")
     assert inner.parent is not None and inner.parent.span_id == consume.context.span_id
     assert inner.context.trace_id == consume.context.trace_id
+
+
+def test_the_api_is_instrumented_only_when_a_tracer_provider_is_configured():
+    """Without a provider the request middleware would cost time and record nothing. (In a fresh process: the
+    tracer provider of this one may already be set by the tests above.)"""
+    import subprocess
+    import sys
+
+    program = """
+import sys
+from opentelemetry import trace
+if sys.argv[1] == "with":
+    from opentelemetry.sdk.trace import TracerProvider
+    trace.set_tracer_provider(TracerProvider())
+from outboxq.api import create_app
+from outboxq.settings import Settings
+app = create_app(Settings(database_url="postgresql://nobody@127.0.0.1:1/none", api_tokens="x" * 20 + ":admin"))
+print(getattr(app, "_is_instrumented_by_opentelemetry", False))
+"""
+    seen = {case: subprocess.run([sys.executable, "-c", program, case], capture_output=True, text=True, timeout=60)
+            for case in ("with", "without")}
+    assert {case: r.stdout.strip() for case, r in seen.items()} == {"with": "True", "without": "False"}, seen
