@@ -191,10 +191,16 @@ class Dispatcher:
     def _claim_from_cursor(self, conn: DictConnection, queue: str, statement: str,
                            values: dict[str, Any]) -> list[dict[str, Any]]:
         """Run a claim from the queue's claim cursor; when that comes back short, claim the rest from the front
-        of the claim index in the same transaction (the jobs just claimed are running for it: none comes twice)."""
+        of the claim index in the same transaction (the jobs just claimed are running for it: none comes twice).
+        A claim that reads from the front commits here; the caller commits the others."""
         cursor = self.cursors.params(queue)
         started = time.monotonic()
-        rows = conn.execute(statement, {**values, **cursor}).fetchall()
+        claimed = conn.execute(statement, {**values, **cursor})
+        if cursor is FROM_THE_FRONT:
+            # Nothing more to claim in this transaction: in the caller's pipeline the COMMIT goes with the claim,
+            # one round trip for both (an idle queue's claim, on the path from a notification to a handler).
+            conn.commit()
+        rows = claimed.fetchall()
         from_front_s = None if cursor is not FROM_THE_FRONT else time.monotonic() - started
         if cursor is not FROM_THE_FRONT and len(rows) < values["limit"]:
             started = time.monotonic()
