@@ -139,13 +139,9 @@ def payload_json(payload: Any) -> str:
         raise InvalidPayload(f"payload is not JSON ({exc}); pass JSON values or register a codec") from exc
 
 
-def encode_payload(queue: str, payload: Any, registry: Registry | None = None) -> tuple[str | None, bytes | None]:
-    """(json text, None) with the default JSON codec, or (None, bytes) with the queue's own codec (from the
-    registry of consumers: the default one unless given)."""
-    return _encode_payload(queue, payload, (registry or default_registry).payload_hooks(queue))
-
-
 def _encode_payload(queue: str, payload: Any, hooks: PayloadHooks | None) -> tuple[str | None, bytes | None]:
+    """(json text, None) with the default JSON codec, or (None, bytes) with the queue's own codec (its consumer's
+    payload hooks, None when it has none), after the consumer's valid_payload check."""
     if hooks is not None and hooks.valid_payload is not None and not hooks.valid_payload(payload):
         raise InvalidPayload(f"payload rejected by the valid_payload check of queue {queue!r}: {payload!r:.200}")
     if hooks is not None and hooks.encode is not None:
@@ -154,12 +150,8 @@ def _encode_payload(queue: str, payload: Any, hooks: PayloadHooks | None) -> tup
     return payload_json(payload), None
 
 
-def _limit_key(queue: str, payload: Any, given: str | None, registry: Registry) -> str | None:
-    """The job's limit key: the one given to enqueue, else the consumer's limit_by applied to the payload."""
-    return _limit_key_of(payload, given, registry.payload_hooks(queue))
-
-
 def _limit_key_of(payload: Any, given: str | None, hooks: PayloadHooks | None) -> str | None:
+    """The job's limit key: the one given to enqueue, else the consumer's limit_by applied to the payload."""
     if given is not None:
         return validate_limit_key(given)
     return None if hooks is None or hooks.limit_by is None else limit_key_of(hooks.limit_by, payload)
@@ -393,9 +385,9 @@ def _enqueue_plan(
     if on_dependency_failure not in ON_DEPENDENCY_FAILURE_MODES:
         raise InvalidInput(f"on_dependency_failure must be one of {', '.join(ON_DEPENDENCY_FAILURE_MODES)}, "
                            f"not {on_dependency_failure!r}")
-    limit_key = _limit_key(queue, payload, limit_key, registry)
-    payload_json, payload_bytes = encode_payload(queue, payload, registry)
     hooks = registry.payload_hooks(queue)
+    limit_key = _limit_key_of(payload, limit_key, hooks)
+    payload_json, payload_bytes = _encode_payload(queue, payload, hooks)
     if hooks is not None and hooks.depends_on is not None:
         depends_on = [*depends_on, *hooks.depends_on(payload)]
     context = job_context.capture(queue)
