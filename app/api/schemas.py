@@ -5,20 +5,24 @@ from __future__ import annotations
 import base64
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Required
 
 from pydantic import (
+    AfterValidator,
     AwareDatetime,
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
+    TypeAdapter,
     WithJsonSchema,
-    model_validator,
+    with_config,
 )
 from pydantic.json_schema import JsonDict
+from typing_extensions import TypedDict
 
 from outboxq.queue.enqueue import MAX_KEY_LENGTH, PRIORITY_RANGE, QUEUE_NAME_PATTERN
+from outboxq.queue.jobs import SiblingJobs
 from outboxq.queue.limits import RATE_LIMIT_PATTERN
 
 QUEUE_PATTERN = f"^{QUEUE_NAME_PATTERN.pattern}$"
@@ -51,11 +55,29 @@ class RequestModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class DependencyRef(RequestModel):
+# A job's request fields are TypedDicts, not models: validating a 1,000-job batch into 1,000 model instances
+# took 2.1 ms (most of the route's own cost), into dicts 0.14 ms. Fields left out stay out (the idempotency
+# hash covers what the client sent) and take JOB_DEFAULTS. JobCreateBody is a JobCreate whose fields agree.
+@with_config(ConfigDict(extra="forbid"))
+class DependencyRef(TypedDict):
     """A job this one waits for, named by its queue and key."""
 
-    queue: str = Field(pattern=QUEUE_PATTERN)
-    key: str = Field(min_length=1, max_length=MAX_KEY_LENGTH, pattern=KEY_PATTERN)
+    queue: Annotated[str, Field(pattern=QUEUE_PATTERN)]
+    key: Annotated[str, Field(min_length=1, max_length=MAX_KEY_LENGTH, pattern=KEY_PATTERN)]
+
+
+# The value of each optional field of a job that leaves it out (the document shows them as its defaults).
+JOB_DEFAULTS: dict[str, Any] = {
+    "key": None, "depends_on": (), "run_at": None, "delay_seconds": None, "priority": 0, "max_attempts": None,
+    "unique": "forever", "on_conflict": "raise", "on_dependency_failure": "wait",
+}
+
+
+def _documented(name: str, description: str | None = None, **constraints: Any) -> Any:
+    """A Field for a job's optional field `name`: its constraints and, in the document, its default."""
+    default = JOB_DEFAULTS[name]
+    return Field(description=description, json_schema_extra={"default": list(default) if isinstance(default, tuple)
+                                                             else default}, **constraints)
 
 
 # What a job's fields require of each other, in the document as the server checks it (so that what the
@@ -69,40 +91,51 @@ JOB_FIELD_RULES: JsonDict = {"allOf": [
 ]}
 
 
-class JobCreate(RequestModel):
+@with_config(ConfigDict(extra="forbid", json_schema_extra=JOB_FIELD_RULES))
+class JobCreate(TypedDict, total=False):
     """One job to enqueue."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra=JOB_FIELD_RULES)
+    payload: Required[Annotated[Any, Field(description="Any JSON value; the handler receives it as is")]]
+    key: Annotated[str | None, _documented(
+        "key", "Unique within the queue; a second job with the same key is a 409",
+        min_length=1, max_length=MAX_KEY_LENGTH, pattern=KEY_PATTERN)]
+    depends_on: Annotated[list[DependencyRef], _documented("depends_on", max_length=1000)]
+    run_at: Annotated[AwareDatetime | None, _documented("run_at", "RFC 3339 time with an offset; not with "
+                                                                  "delay_seconds")]
+    delay_seconds: Annotated[DelaySeconds | None, _documented("delay_seconds")]
+    priority: Annotated[Priority, _documented("priority", "Lower runs first")]
+    max_attempts: Annotated[MaxAttempts | None, _documented("max_attempts", "0 retries forever")]
+    unique: Annotated[Literal["forever", "active"] | UniqueSeconds, _documented(
+        "unique", "How long the key blocks another job with it: 'forever' (while the job exists), 'active' "
+        "(while it is unfinished) or a number of seconds since it was enqueued; needs a key")]
+    on_conflict: Annotated[Literal["raise", "ignore"], _documented(
+        "on_conflict", "When the key is held: 'raise' answers 409, 'ignore' returns the job holding it")]
+    on_dependency_failure: Annotated[Literal["wait", "cancel", "run"], _documented(
+        "on_dependency_failure", "When a dependency ends dead or cancelled: keep waiting, cancel this job, or "
+        "run it")]
 
-    payload: Any = Field(description="Any JSON value; the handler receives it as is")
-    key: str | None = Field(None, min_length=1, max_length=MAX_KEY_LENGTH, pattern=KEY_PATTERN,
-                            description="Unique within the queue; a second job with the same key is a 409")
-    depends_on: list[DependencyRef] = Field(default_factory=list, max_length=1000)
-    run_at: AwareDatetime | None = Field(None, description="RFC 3339 time with an offset; not with delay_seconds")
-    delay_seconds: DelaySeconds | None = None
-    priority: Priority = Field(0, description="Lower runs first")
-    max_attempts: MaxAttempts | None = Field(None, description="0 retries forever")
-    unique: Literal["forever", "active"] | UniqueSeconds = Field(
-        "forever", description="How long the key blocks another job with it: 'forever' (while the job exists), "
-        "'active' (while it is unfinished) or a number of seconds since it was enqueued; needs a key")
-    on_conflict: Literal["raise", "ignore"] = Field(
-        "raise", description="When the key is held: 'raise' answers 409, 'ignore' returns the job holding it")
-    on_dependency_failure: Literal["wait", "cancel", "run"] = Field(
-        "wait", description="When a dependency ends dead or cancelled: keep waiting, cancel this job, or run it")
 
-    @model_validator(mode="after")
-    def _fields_agree(self) -> JobCreate:
-        if self.run_at is not None and self.delay_seconds is not None:
-            raise ValueError("give either run_at or delay_seconds, not both")
-        if self.unique != "forever" and self.key is None:
-            raise ValueError("unique applies to jobs with a key: give key")
-        return self
+def _fields_agree(job: JobCreate) -> JobCreate:
+    if job.get("run_at") is not None and job.get("delay_seconds") is not None:
+        raise ValueError("give either run_at or delay_seconds, not both")
+    if job.get("unique", "forever") != "forever" and job.get("key") is None:
+        raise ValueError("unique applies to jobs with a key: give key")
+    return job
+
+
+JobCreateBody = Annotated[JobCreate, AfterValidator(_fields_agree)]
+JOB_CREATE = TypeAdapter(JobCreateBody)
+
+
+def job_option(job: JobCreate, name: str) -> Any:
+    """A job's field `name` as given, else its default (JOB_DEFAULTS)."""
+    return job.get(name, JOB_DEFAULTS[name])
 
 
 class JobBatchCreate(RequestModel):
     """Many jobs of one queue: all written, or none."""
 
-    jobs: list[JobCreate] = Field(min_length=1, description="Up to the server's max_batch_jobs (default 1000)")
+    jobs: list[JobCreateBody] = Field(min_length=1, description="Up to the server's max_batch_jobs (default 1000)")
 
 
 class JobPublic(BaseModel):
@@ -272,8 +305,24 @@ def job_public(job: Any, marker: str | None = None) -> dict[str, Any]:
 def jobs_public(jobs: Sequence[Any]) -> list[dict[str, Any]]:
     """The JSON of each Job; a time shared by several of them (a batch's created_at) is formatted once (by the
     time object's id(): the jobs must all stay alive meanwhile, hence a sequence, not any iterable)."""
+    if isinstance(jobs, SiblingJobs) and jobs:
+        return _siblings_public(jobs)
     formatted: dict[int, str] = {}
     return [_job_public(job, formatted) for job in jobs]
+
+
+def _siblings_public(jobs: SiblingJobs) -> list[dict[str, Any]]:
+    """The JSON of jobs that differ only in id and payload: the first job's, copied, with each one's id and
+    payload (a third of the time of building each; a 1,000-job batch's answer took 2.5 ms)."""
+    first = _job_public(jobs[0], {})
+    out: list[dict[str, Any]] = []
+    append = out.append
+    for job in jobs:
+        one = first.copy()
+        one["id"] = job.id
+        one["payload"], one["payload_encoding"] = _public_payload(job.payload)
+        append(one)
+    return out
 
 
 def _job_public(job: Any, formatted: dict[int, str]) -> dict[str, Any]:
@@ -282,9 +331,7 @@ def _job_public(job: Any, formatted: dict[int, str]) -> dict[str, Any]:
     the batch; tests check the keys against the model). `formatted` holds the ISO text of the datetimes seen
     so far, by identity: the jobs hold them while it is used, and equal times with other offsets must not
     share a text."""
-    payload, encoding = job.payload, "json"
-    if isinstance(payload, bytes | bytearray | memoryview):
-        payload, encoding = base64.b64encode(bytes(payload)).decode(), "base64"
+    payload, encoding = _public_payload(job.payload)
     return {
         "id": job.id, "queue": job.queue, "key": job.key,
         "status": str(job.status),  # a JobStatus is a StrEnum: its value (an Enum call is slower)
@@ -296,6 +343,13 @@ def _job_public(job: Any, formatted: dict[int, str]) -> dict[str, Any]:
         "snoozes": job.snoozes, "result": job.result, "progress": job.progress,
         "progress_message": job.progress_message,
     }
+
+
+def _public_payload(payload: Any) -> tuple[Any, str]:
+    """A payload as JSON and its encoding: bytes (a queue with its own codec) as base64 text."""
+    if isinstance(payload, bytes | bytearray | memoryview):
+        return base64.b64encode(bytes(payload)).decode(), "base64"
+    return payload, "json"
 
 
 def _iso(value: datetime | None, formatted: dict[int, str]) -> str | None:

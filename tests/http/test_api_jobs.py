@@ -99,6 +99,21 @@ def test_job_json_has_exactly_the_fields_of_the_response_model():
     assert job_public(job)["payload"] == "AA==" and job_public(job)["payload_encoding"] == "base64"
 
 
+
+def test_a_batch_of_sibling_jobs_has_the_json_each_job_has_alone():
+    """jobs_public copies the first of enqueue_many's jobs for the others: each must read as it would alone."""
+    from datetime import UTC, datetime
+
+    from outboxq.api.schemas import job_public, jobs_public
+    from outboxq.queue.jobs import SiblingJobs, queued_jobs
+
+    now = datetime(2026, 11, 25, 12, 0, 0, 123456, tzinfo=UTC)
+    jobs = queued_jobs([7, 8, 9], [{"i": 1}, b"\x01", [2]], queue="q", priority=3, run_at=now,
+                       max_attempts=4, context={"trace": "t"}, created_at=now)
+    assert isinstance(jobs, SiblingJobs)
+    assert jobs_public(jobs) == [job_public(job) for job in jobs]
+    assert [j["payload_encoding"] for j in jobs_public(jobs)] == ["json", "base64", "json"]
+
 def test_batch_whose_jobs_differ_in_options_writes_each_with_its_own(api):
     r = api.post("/v1/queues/q/jobs/batch", json={"jobs": [
         {"payload": 1}, {"payload": 2, "priority": 5}, {"payload": 3, "delay_seconds": 3600}]})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Body, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 
@@ -22,11 +22,14 @@ from outboxq.api.deps import (
 from outboxq.api.errors import ApiProblem, error_responses
 from outboxq.api.routing import OutboxqRoute, api_state
 from outboxq.api.schemas import (
+    JOB_CREATE,
     JobBatchCreate,
     JobBatchPublic,
     JobCreate,
+    JobCreateBody,
     JobPage,
     JobPublic,
+    job_option,
     job_public,
     jobs_public,
 )
@@ -51,33 +54,39 @@ def check_payload_size(payload: Any, limit: int, where: str = "payload") -> None
 
 def check_dependency_count(jobs: list[JobCreate], limit: int) -> None:
     """422 when the request's jobs name more dependencies than one request may write (before anything is)."""
-    count = sum(len(job.depends_on) for job in jobs)
+    count = sum(len(job["depends_on"]) for job in jobs if "depends_on" in job)
     if count > limit:
         raise InvalidInput(f"the request names {count} dependencies, over the limit of {limit} per request "
                            "(max_dependencies_per_request); split it into several requests")
 
 
-# The options enqueue_many applies to every job of a batch (key is per job; depends_on, and
-# on_dependency_failure with it, make a batch per-job).
-SHARED_OPTIONS = ("run_at", "delay", "priority", "max_attempts", "unique", "on_conflict")
+# The request fields that enqueue_many applies to every job of a batch, with the names enqueue gives them (key
+# is per job; depends_on, and on_dependency_failure with it, make a batch per-job).
+SHARED_OPTIONS = {"run_at": "run_at", "delay_seconds": "delay", "priority": "priority",
+                  "max_attempts": "max_attempts", "unique": "unique", "on_conflict": "on_conflict"}
+# A job that gives only these takes the defaults of every shared option (a batch's usual job).
+PER_JOB_FIELDS = frozenset({"payload", "key"})
 
 
 def _shared_options(job: JobCreate) -> tuple[Any, ...]:
     """The values of SHARED_OPTIONS in a job, in that order."""
-    return job.run_at, job.delay_seconds, job.priority, job.max_attempts, job.unique, job.on_conflict
+    return tuple(job_option(job, name) for name in SHARED_OPTIONS)
+
+
+def _uniform(jobs: list[JobCreate]) -> bool:
+    """Whether one enqueue_many can write the batch: no dependencies, the same shared options in every job."""
+    if all(job.keys() <= PER_JOB_FIELDS for job in jobs):
+        return True
+    first = _shared_options(jobs[0])
+    return all("depends_on" not in job and _shared_options(job) == first for job in jobs)
 
 
 def _options(job: JobCreate) -> dict[str, Any]:
     return {
-        "key": job.key,
-        "depends_on": [(d.queue, d.key) for d in job.depends_on],
-        "run_at": job.run_at,
-        "delay": job.delay_seconds,
-        "priority": job.priority,
-        "max_attempts": job.max_attempts,
-        "unique": job.unique,
-        "on_conflict": job.on_conflict,
-        "on_dependency_failure": job.on_dependency_failure,
+        **{option: job_option(job, name) for name, option in SHARED_OPTIONS.items()},
+        "key": job.get("key"),
+        "depends_on": [(d["queue"], d["key"]) for d in job_option(job, "depends_on")],
+        "on_dependency_failure": job_option(job, "on_dependency_failure"),
     }
 
 
@@ -85,24 +94,26 @@ def _options(job: JobCreate) -> dict[str, Any]:
              responses={200: {"model": JobPublic, "description": "A retry with the same Idempotency-Key, or "
                                                                   "the job holding the key (on_conflict ignore)"},
                         **error_responses(400, 401, 403, 409, 413, 422)})
-def create_job(queue: QueueName, body: JobCreate, request: Request, principal: EnqueuePrincipal,
-               pool: PoolDep, settings: SettingsDep, idempotency_key: IdempotencyKey = None) -> JSONResponse:
+def create_job(queue: QueueName, body: Annotated[JobCreateBody, Body()], request: Request,
+               principal: EnqueuePrincipal, pool: PoolDep, settings: SettingsDep,
+               idempotency_key: IdempotencyKey = None) -> JSONResponse:
     """Enqueue one job (201); with an Idempotency-Key, a retry of the same request answers 200 with the same job,
     and so does on_conflict="ignore" when the job holding the key is returned (nothing written)."""
-    check_payload_size(body.payload, settings.max_payload_bytes)
+    check_payload_size(body["payload"], settings.max_payload_bytes)
     check_dependency_count([body], settings.max_dependencies_per_request)
     existed: list[bool] = []
+    options = _options(body)
 
     def work(conn: Any) -> dict[str, Any]:
-        job = enqueue(conn, queue, body.payload, **_options(body))
-        if body.on_conflict == "ignore" and body.key is not None:
+        job = enqueue(conn, queue, body["payload"], **options)
+        if options["on_conflict"] == "ignore" and options["key"] is not None:
             # The job holding the key was returned, not written, when it was created before this transaction.
             started = conn.execute(sql.transaction_started_at).fetchone()["now"]
             existed.append(job.created_at is not None and job.created_at < started)
         return job_public(job)
 
     return idempotent_write(request, pool, principal.id, idempotency_key,
-                            lambda: body.model_dump(mode="json", exclude_unset=True), work,
+                            lambda: JOB_CREATE.dump_python(body, mode="json"), work,
                             status=lambda: 200 if any(existed) else 201)
 
 
@@ -121,20 +132,18 @@ def create_jobs(queue: QueueName, body: JobBatchCreate, request: Request, princi
     # 4.5 times), never 8 times: a smaller request cannot hold a payload over the limit, and is not checked.
     if request_bytes * 8 > settings.max_payload_bytes:
         for index, job in enumerate(body.jobs):
-            check_payload_size(job.payload, settings.max_payload_bytes, f"jobs[{index}].payload")
+            check_payload_size(job["payload"], settings.max_payload_bytes, f"jobs[{index}].payload")
     check_dependency_count(body.jobs, settings.max_dependencies_per_request)
-    # One COPY (or INSERT) for the whole batch when its jobs share their options; compared as tuples, the
-    # per-job option dicts are built only for a batch that is not uniform.
-    first = _shared_options(body.jobs[0])
-    uniform = all(not job.depends_on and _shared_options(job) == first for job in body.jobs)
+    uniform = _uniform(body.jobs)
 
     def work(conn: Any) -> dict[str, Any]:
         if uniform:
-            head = _options(body.jobs[0])
-            jobs = enqueue_many(conn, queue, [j.payload for j in body.jobs], keys=[j.key for j in body.jobs],
-                                **{name: head[name] for name in SHARED_OPTIONS})
+            shared = _options(body.jobs[0])
+            jobs = enqueue_many(conn, queue, [j["payload"] for j in body.jobs],
+                                keys=[j.get("key") for j in body.jobs],
+                                **{option: shared[option] for option in SHARED_OPTIONS.values()})
         else:  # per-job options or dependencies (a job may depend on an earlier one of the batch)
-            jobs = [enqueue(conn, queue, j.payload, **_options(j)) for j in body.jobs]
+            jobs = [enqueue(conn, queue, j["payload"], **_options(j)) for j in body.jobs]
         return {"jobs": jobs_public(jobs)}
 
     return idempotent_write(request, pool, principal.id, idempotency_key,
