@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
@@ -12,6 +13,7 @@ import orjson
 import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import set_json_loads
+from psycopg_pool import ConnectionPool
 
 from outboxq.settings import Settings, get_settings
 
@@ -55,6 +57,18 @@ def with_fast_json(conn: psycopg.Connection[Row]) -> psycopg.Connection[Row]:
     application embedding outboxq may rely on, is left alone)."""
     set_json_loads(loads_json, conn)
     return conn
+
+
+def check_pooled_connection(conn: psycopg.Connection[Any]) -> None:
+    """A connection pool's check before it lends `conn`: a round trip to the server only when the socket has
+    something to read. An idle connection receives nothing until the server ends it (a restart, a terminated
+    backend, idle_session_timeout: an error message, then the end of the stream), so a silent socket is a live
+    one as far as a round trip could tell without waiting; the round trip on every request cost 0.4 ms."""
+    if conn.closed or conn.broken:
+        raise psycopg.OperationalError("the connection is closed")
+    readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    if readable:
+        ConnectionPool.check_connection(conn)  # reads what arrived: raises when the server ended the connection
 
 
 def array_literal(values: Iterable[object]) -> str:

@@ -17,7 +17,7 @@ from outboxq.api import errors
 from outboxq.api.auth import FailedAuthLimiter, parse_tokens
 from outboxq.api.routes import admin, health, jobs, limits, metrics, queues, spark, stats
 from outboxq.api.routing import ApiState
-from outboxq.db import database_url
+from outboxq.db import check_pooled_connection, database_url
 from outboxq.queue.admin import HealthMonitor
 from outboxq.settings import Settings, get_settings
 
@@ -50,7 +50,7 @@ def create_router(settings: Settings | None = None) -> APIRouter:
             min_size=settings.db_pool_min,
             max_size=max(settings.db_pool_max, settings.db_pool_min),
             kwargs={"row_factory": dict_row},
-            check=ConnectionPool.check_connection,
+            check=check_pooled_connection,
             timeout=POOL_TIMEOUT_S,
             name="outboxq-api",
             open=False,

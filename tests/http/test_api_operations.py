@@ -93,6 +93,22 @@ def test_health_probes_and_queue_health(api):
     assert health["healthy"] is True and health["queues_in_error"] == []
 
 
+
+def test_requests_after_the_servers_end_of_pooled_connections_succeed(api, db_url):
+    """The pool lends a connection without a round trip while its socket is silent; one the server ended (its
+    backend terminated, as in a restart) is found out and replaced before a request gets it, not a 503."""
+    for _ in range(3):
+        assert api.post("/v1/queues/pooled/jobs", json={"payload": 1}).status_code == 201
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        ended = conn.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                             "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                             "AND backend_type = 'client backend'").fetchone()[0]
+        assert ended >= 1
+        conn.execute("SELECT pg_sleep(0.2)")  # the terminated backends' last messages reach the sockets
+    for i in range(5):
+        r = api.post("/v1/queues/pooled/jobs", json={"payload": i})
+        assert r.status_code == 201, r.text
+
 def test_readyz_is_503_while_the_database_is_away(db_url):
     with api_client(db_url, database_url="postgresql://root@127.0.0.1:1/nowhere?connect_timeout=1") as client:
         assert client.get("/healthz").status_code == 200
