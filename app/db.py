@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import select
 from collections.abc import Iterable
 from typing import Any, TypeVar
@@ -35,8 +34,11 @@ def one_row(cursor: psycopg.Cursor[Row]) -> Row:
 
 
 # 19 digits in a row: perhaps an integer beyond 64 bits, which orjson reads as a float (losing digits), not as
-# json.loads' exact int. (Digits inside a string match too: those payloads just take json.loads.)
-_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+# json.loads' exact int. (Digits inside a string count too: those payloads just take json.loads.) Found as a
+# run of zeros once every digit is made a zero: bytes.translate and `in` run in C, ten times faster than a
+# regular expression's search over a 20 kB batch request (0.04 against 0.38 ms), and faster from 50 bytes up.
+_DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_LONG_DIGITS = b"0" * 19
 
 
 def loads_json(data: bytes | str) -> Any:
@@ -44,7 +46,7 @@ def loads_json(data: bytes | str) -> Any:
     json.loads took a third of a no-op drain's claim time. A value orjson would read differently (an integer of
     19 digits or more) or refuses is parsed by json.loads, as before."""
     raw = data.encode() if isinstance(data, str) else data
-    if _LONG_DIGITS.search(raw) is None:
+    if _LONG_DIGITS not in raw.translate(_DIGITS_TO_ZERO):
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError:
