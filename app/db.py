@@ -68,9 +68,19 @@ def check_pooled_connection(conn: psycopg.Connection[Any]) -> None:
     one as far as a round trip could tell without waiting; the round trip on every request cost 0.4 ms."""
     if conn.closed or conn.broken:
         raise psycopg.OperationalError("the connection is closed")
-    readable, _, _ = select.select([conn.fileno()], [], [], 0)
-    if readable:
+    if _readable(conn.fileno()):
         ConnectionPool.check_connection(conn)  # reads what arrived: raises when the server ended the connection
+
+
+def _readable(fd: int) -> bool:
+    """Whether the socket `fd` has something to read now (poll: select() refuses descriptors over 1023, which
+    an application with many files open gives its connections)."""
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
+    readable, _, _ = select.select([fd], [], [], 0)  # Windows: no poll()
+    return bool(readable)
 
 
 def array_literal(values: Iterable[object]) -> str:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import resource
+import time
+
 import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -108,6 +112,30 @@ def test_requests_after_the_servers_end_of_pooled_connections_succeed(api, db_ur
     for i in range(5):
         r = api.post("/v1/queues/pooled/jobs", json={"payload": i})
         assert r.status_code == 201, r.text
+
+
+def test_the_pool_check_works_for_connections_on_high_file_descriptors(db_url):
+    """An application with over 1,024 files open gives its connections descriptors that select() refuses."""
+    from outboxq.db import check_pooled_connection
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))
+    spare = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            assert conn.fileno() > 1024
+            check_pooled_connection(conn)  # silent socket: lent without a round trip
+            conn.execute("SELECT 1")
+            with psycopg.connect(db_url, autocommit=True) as other:
+                other.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
+            time.sleep(0.2)  # the server's last message reaches the socket
+            with pytest.raises(psycopg.OperationalError):
+                check_pooled_connection(conn)
+    finally:
+        for fd in spare:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 def test_readyz_is_503_while_the_database_is_away(db_url):
     with api_client(db_url, database_url="postgresql://root@127.0.0.1:1/nowhere?connect_timeout=1") as client:
