@@ -17,7 +17,7 @@ from outboxq.api import errors
 from outboxq.api.auth import FailedAuthLimiter, parse_tokens
 from outboxq.api.routes import admin, health, jobs, limits, metrics, queues, spark, stats
 from outboxq.api.routing import ApiState
-from outboxq.db import check_pooled_connection, database_url
+from outboxq.db import check_pooled_connection, database_url, pooled_connection_returned
 from outboxq.queue.admin import HealthMonitor
 from outboxq.settings import Settings, get_settings
 
@@ -51,6 +51,7 @@ def create_router(settings: Settings | None = None) -> APIRouter:
             max_size=max(settings.db_pool_max, settings.db_pool_min),
             kwargs={"row_factory": dict_row},
             check=check_pooled_connection,
+            reset=pooled_connection_returned,
             timeout=POOL_TIMEOUT_S,
             name="outboxq-api",
             open=False,

@@ -102,7 +102,8 @@ if _JobDraft.__slots__ != Job.__slots__:  # pragma: no cover - a field added in 
 
 class SiblingJobs(list[Job]):
     """Jobs that share every field but id and payload, by identity (the same objects): what queued_jobs builds.
-    A reader may then work out what they share once (outboxq.api.schemas.jobs_public)."""
+    A reader may then work out what they share once (outboxq.api.schemas.jobs_public). Nothing enforces it:
+    whoever adds other jobs to one makes a plain list of them instead."""
 
 
 def queued_jobs(ids: Sequence[int], payloads: Sequence[Any], *, queue: str, priority: int, run_at: datetime,

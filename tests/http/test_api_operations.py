@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import resource
+import socket
+import struct
+import threading
 import time
 
 import psycopg
@@ -136,6 +139,68 @@ def test_the_pool_check_works_for_connections_on_high_file_descriptors(db_url):
         for fd in spare:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+class SilentFailoverProxy:
+    """A TCP proxy to PostgreSQL. After fail_over(), the connections made before are silent (the server's side
+    sends nothing more) and answer the client's next bytes with a reset, as a host that vanished does; new
+    connections go through."""
+
+    def __init__(self, target: tuple[str, int]):
+        self.target, self.generation = target, 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def fail_over(self) -> None:
+        self.generation += 1
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.target)
+            for src, dst, resets in ((client, server, True), (server, client, False)):
+                threading.Thread(target=self._pipe, args=(src, dst, self.generation, resets), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, generation: int, resets: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if generation < self.generation:
+                    if resets:  # the client wrote to a peer that is gone
+                        src.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                        src.close()
+                    return
+                dst.sendall(data)
+        except OSError:
+            pass
+
+
+def test_the_pool_checks_with_a_round_trip_a_connection_idle_past_the_threshold(db_url, monkeypatch):
+    """A server that vanished without a word leaves the socket silent: a connection idle for over
+    POOL_CHECK_IDLE_S is checked with a round trip and replaced, so no request gets it."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+    from psycopg_pool import ConnectionPool
+
+    from outboxq import db
+
+    monkeypatch.setattr(db, "POOL_CHECK_IDLE_S", 0.2)
+    info = conninfo_to_dict(db_url)
+    proxy = SilentFailoverProxy((info.get("host") or "127.0.0.1", int(info.get("port") or 5432)))
+    url = make_conninfo(db_url, host="127.0.0.1", port=proxy.port, sslmode="disable")
+    with ConnectionPool(url, min_size=2, max_size=2, check=db.check_pooled_connection,
+                        reset=db.pooled_connection_returned, timeout=10) as pool:
+        pool.wait()
+        with pool.connection() as conn:
+            conn.execute("SELECT 1")
+        proxy.fail_over()
+        time.sleep(0.5)
+        for _ in range(3):
+            with pool.connection() as conn:
+                assert conn.execute("SELECT 1").fetchone() == (1,)
+    proxy.listener.close()
 
 def test_readyz_is_503_while_the_database_is_away(db_url):
     with api_client(db_url, database_url="postgresql://root@127.0.0.1:1/nowhere?connect_timeout=1") as client:

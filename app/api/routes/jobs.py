@@ -78,7 +78,7 @@ def _uniform(jobs: list[JobCreate]) -> bool:
     if all(job.keys() <= PER_JOB_FIELDS for job in jobs):
         return True
     first = _shared_options(jobs[0])
-    return all("depends_on" not in job and _shared_options(job) == first for job in jobs)
+    return all(not job.get("depends_on") and _shared_options(job) == first for job in jobs)
 
 
 def _options(job: JobCreate) -> dict[str, Any]:
