@@ -104,7 +104,7 @@ def test_job_json_has_exactly_the_fields_of_the_response_model():
 def test_request_json_is_read_as_json_loads_reads_it(api):
     """Bodies are parsed by orjson; what it would read otherwise (an integer beyond 64 bits: a float) stays exact."""
     body = (b'{"jobs": [{"payload": {"big": 123456789012345678901234567890, "neg": -98765432109876543210987}},'
-            b' {"payload": {"max64": 18446744073709551615, "f": 0.1, "s": "\u00e9"}}]}')
+            b' {"payload": {"max64": 18446744073709551615, "f": 0.1, "s": "\\u00e9"}}]}')
     r = api.post("/v1/queues/exact/jobs/batch", content=body, headers={"Content-Type": "application/json"})
     assert r.status_code == 201, r.text
     stored = [api.get(f"/v1/jobs/{j['id']}").json()["payload"] for j in r.json()["jobs"]]

@@ -12,6 +12,7 @@ import time
 import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tests.api_support import api_client
 
@@ -146,8 +147,8 @@ class SilentFailoverProxy:
     sends nothing more) and answer the client's next bytes with a reset, as a host that vanished does; new
     connections go through."""
 
-    def __init__(self, target: tuple[str, int]):
-        self.target, self.generation = target, 0
+    def __init__(self, db_url: str):
+        self.db_url, self.generation = db_url, 0
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         threading.Thread(target=self._accept, daemon=True).start()
@@ -155,13 +156,23 @@ class SilentFailoverProxy:
     def fail_over(self) -> None:
         self.generation += 1
 
+    def _upstream(self) -> socket.socket:
+        """A connection to the database's server: TCP, or its Unix socket (the embedded server's)."""
+        info = conninfo_to_dict(self.db_url)
+        host, port = info.get("host") or "127.0.0.1", int(info.get("port") or 5432)
+        if host.startswith("/"):
+            upstream = socket.socket(socket.AF_UNIX)
+            upstream.connect(f"{host}/.s.PGSQL.{port}")
+            return upstream
+        return socket.create_connection((host, port))
+
     def _accept(self) -> None:
         while True:
             try:
                 client, _ = self.listener.accept()
             except OSError:
                 return
-            server = socket.create_connection(self.target)
+            server = self._upstream()
             for src, dst, resets in ((client, server, True), (server, client, False)):
                 threading.Thread(target=self._pipe, args=(src, dst, self.generation, resets), daemon=True).start()
 
@@ -181,14 +192,12 @@ class SilentFailoverProxy:
 def test_the_pool_checks_with_a_round_trip_a_connection_idle_past_the_threshold(db_url, monkeypatch):
     """A server that vanished without a word leaves the socket silent: a connection idle for over
     POOL_CHECK_IDLE_S is checked with a round trip and replaced, so no request gets it."""
-    from psycopg.conninfo import conninfo_to_dict, make_conninfo
     from psycopg_pool import ConnectionPool
 
     from outboxq import db
 
     monkeypatch.setattr(db, "POOL_CHECK_IDLE_S", 0.2)
-    info = conninfo_to_dict(db_url)
-    proxy = SilentFailoverProxy((info.get("host") or "127.0.0.1", int(info.get("port") or 5432)))
+    proxy = SilentFailoverProxy(db_url)
     url = make_conninfo(db_url, host="127.0.0.1", port=proxy.port, sslmode="disable")
     with ConnectionPool(url, min_size=2, max_size=2, check=db.check_pooled_connection,
                         reset=db.pooled_connection_returned, timeout=10) as pool:
