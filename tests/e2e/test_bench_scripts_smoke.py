@@ -42,3 +42,8 @@ def test_wakeup_and_notify_runs(pg_server_url):
 def test_http_load_runs(pg_server_url):
     out = _run("http_load.py", "--seconds", "2", "--threads", "2", "--database-url", pg_server_url)
     assert "lost" in out.lower()
+
+
+def test_http_phases_runs(pg_server_url):
+    out = _run("http_phases.py", "--database-url", pg_server_url, "--requests", "3", "--jobs", "20")
+    assert "enqueue_many" in out and "HTTP / Python" in out
