@@ -1,10 +1,18 @@
-"""What the bench scripts share: a fresh migrated database, and the time a worker takes to drain it."""
+"""What the bench scripts share: a fresh migrated database, the time a worker takes to drain it, and an API
+process to load."""
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import tempfile
 import time
-from collections.abc import Iterable
+import uuid
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
+import httpx
 import psycopg
 
 from outboxq.db import url_with_database
@@ -37,3 +45,53 @@ def drain_seconds(url: str, queues: Iterable[str], **worker_options: object) -> 
     elapsed = time.perf_counter() - started
     worker.stop(timeout=5)
     return elapsed
+
+
+def server_or_embedded(server_url: str | None, prefix: str) -> str:
+    """`server_url`, or the URL of an embedded PostgreSQL started for this run (deleted at exit)."""
+    if server_url:
+        return server_url
+    from outboxq.embedded import start_embedded
+
+    return start_embedded(Path(tempfile.mkdtemp(prefix=prefix)) / "pgdata", cleanup_mode="delete")
+
+
+@contextmanager
+def scratch_database(server_url: str, prefix: str) -> Iterator[str]:
+    """A migrated database of a new name on `server_url`'s server, dropped at the end; its URL."""
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    url = fresh_database(server_url, name)
+    try:
+        yield url
+    finally:
+        with psycopg.connect(server_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def free_port() -> int:
+    """A loopback TCP port nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def api_process(command: list[str], env: dict[str, str], base: str, cwd: Path) -> Iterator[subprocess.Popen]:
+    """The API started by `command`, once GET `base`/readyz answers 200 (a RuntimeError after 60 s or when the
+    process ends first); terminated at the end."""
+    server = subprocess.Popen(command, env=env, cwd=cwd)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(base + "/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise RuntimeError("the API did not become ready")
+            time.sleep(0.2)
+        yield server
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

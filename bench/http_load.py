@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -27,14 +25,7 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from outboxq.db import url_with_database  # noqa: E402
-from outboxq.queue.migrate import upgrade  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from bench_db import api_process, free_port, scratch_database, server_or_embedded  # noqa: E402
 
 
 def main() -> int:
@@ -45,84 +36,67 @@ def main() -> int:
     parser.add_argument("--database-url")
     args = parser.parse_args()
 
-    server_url = args.database_url
-    if not server_url:
-        import tempfile
-
-        from outboxq.embedded import start_embedded
-
-        server_url = start_embedded(Path(tempfile.mkdtemp(prefix="outboxq-load-")) / "pgdata", cleanup_mode="delete")
-    name = f"outboxq_load_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(server_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = url_with_database(server_url, name)
-    upgrade(url)
+    server_url = server_or_embedded(args.database_url, "outboxq-load-")
     port, token = free_port(), uuid.uuid4().hex
-    env = {**os.environ, "DATABASE_URL": url, "OUTBOXQ_API_TOKENS": f"{token}:admin", "PYTHONPATH": str(ROOT),
-           "OUTBOXQ_DB_POOL_MAX": str(max(4, args.threads))}
-    server = subprocess.Popen([sys.executable, "-m", "outboxq.cli", "--log-level", "WARNING", "serve", "--host",
-                               "127.0.0.1", "--port", str(port)], env=env, cwd=ROOT)
     base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(base + "/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        latencies: list[float] = []
-        errors: list[str] = []
-        acknowledged = [0]
-        lock = threading.Lock()
-        stop_at = time.monotonic() + args.seconds
+    with scratch_database(server_url, "outboxq_load") as url:
+        env = {**os.environ, "DATABASE_URL": url, "OUTBOXQ_API_TOKENS": f"{token}:admin", "PYTHONPATH": str(ROOT),
+               "OUTBOXQ_DB_POOL_MAX": str(max(4, args.threads))}
+        command = [sys.executable, "-m", "outboxq.cli", "--log-level", "WARNING", "serve", "--host", "127.0.0.1",
+                   "--port", str(port)]
+        with api_process(command, env, base, ROOT):
+            return load(args, base, token, url)
 
-        def load() -> None:
-            headers = {"Authorization": f"Bearer {token}"}
-            mine: list[float] = []
-            with httpx.Client(base_url=base, headers=headers, timeout=30) as client:
-                while time.monotonic() < stop_at:
-                    if args.batch:
-                        path, body = "/v1/queues/load/jobs/batch", {"jobs": [{"payload": {"i": i}} for i in range(args.batch)]}
+
+def load(args: argparse.Namespace, base: str, token: str, url: str) -> int:
+    """Load the API for args.seconds from args.threads threads; print the figures; 0 when nothing failed."""
+    latencies: list[float] = []
+    errors: list[str] = []
+    acknowledged = [0]
+    lock = threading.Lock()
+    stop_at = time.monotonic() + args.seconds
+
+    def one_thread() -> None:
+        headers = {"Authorization": f"Bearer {token}"}
+        mine: list[float] = []
+        with httpx.Client(base_url=base, headers=headers, timeout=30) as client:
+            while time.monotonic() < stop_at:
+                if args.batch:
+                    path, body = "/v1/queues/load/jobs/batch", {"jobs": [{"payload": {"i": i}} for i in range(args.batch)]}
+                else:
+                    path, body = "/v1/queues/load/jobs", {"payload": {"n": 1}}
+                started = time.perf_counter()
+                try:
+                    r = client.post(path, json=body)
+                    ok = r.status_code == 201
+                except httpx.HTTPError as exc:
+                    ok, r = False, exc
+                mine.append(time.perf_counter() - started)
+                with lock:
+                    if ok:
+                        acknowledged[0] += args.batch or 1
                     else:
-                        path, body = "/v1/queues/load/jobs", {"payload": {"n": 1}}
-                    started = time.perf_counter()
-                    try:
-                        r = client.post(path, json=body)
-                        ok = r.status_code == 201
-                    except httpx.HTTPError as exc:
-                        ok, r = False, exc
-                    mine.append(time.perf_counter() - started)
-                    with lock:
-                        if ok:
-                            acknowledged[0] += args.batch or 1
-                        else:
-                            errors.append(str(getattr(r, "status_code", r)))
-            with lock:
-                latencies.extend(mine)
+                        errors.append(str(getattr(r, "status_code", r)))
+        with lock:
+            latencies.extend(mine)
 
-        began = time.monotonic()
-        threads = [threading.Thread(target=load) for _ in range(args.threads)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        elapsed = time.monotonic() - began
-        with psycopg.connect(url) as conn:
-            stored = conn.execute("SELECT count(*) FROM outboxq_jobs WHERE queue = 'load'").fetchone()[0]
-        latencies.sort()
-        p = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000  # noqa: E731
-        lost = acknowledged[0] - stored
-        print(f"requests: {len(latencies)} in {elapsed:.1f} s = {len(latencies) / elapsed:.0f} req/s, "
-              f"{acknowledged[0] / elapsed:.0f} jobs/s ({args.threads} threads, batch {args.batch or 1})")
-        print(f"latency: p50 {p(0.50):.1f} ms, p99 {p(0.99):.1f} ms, mean {statistics.mean(latencies) * 1000:.1f} ms")
-        print(f"errors: {len(errors)}; acknowledged jobs {acknowledged[0]}, stored {stored}, lost {lost}")
-        return 0 if not errors and lost == 0 else 1
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-        with psycopg.connect(server_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    began = time.monotonic()
+    threads = [threading.Thread(target=one_thread) for _ in range(args.threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - began
+    with psycopg.connect(url) as conn:
+        stored = conn.execute("SELECT count(*) FROM outboxq_jobs WHERE queue = 'load'").fetchone()[0]
+    latencies.sort()
+    p = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000  # noqa: E731
+    lost = acknowledged[0] - stored
+    print(f"requests: {len(latencies)} in {elapsed:.1f} s = {len(latencies) / elapsed:.0f} req/s, "
+          f"{acknowledged[0] / elapsed:.0f} jobs/s ({args.threads} threads, batch {args.batch or 1})")
+    print(f"latency: p50 {p(0.50):.1f} ms, p99 {p(0.99):.1f} ms, mean {statistics.mean(latencies) * 1000:.1f} ms")
+    print(f"errors: {len(errors)}; acknowledged jobs {acknowledged[0]}, stored {stored}, lost {lost}")
+    return 0 if not errors and lost == 0 else 1
 
 
 if __name__ == "__main__":

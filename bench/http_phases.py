@@ -16,13 +16,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-import uuid
 from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,8 +30,7 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from outboxq.db import url_with_database  # noqa: E402
-from outboxq.queue.migrate import upgrade  # noqa: E402
+from bench_db import api_process, free_port, scratch_database, server_or_embedded  # noqa: E402
 
 TOKEN = "phases-token-long-enough"
 
@@ -133,65 +128,42 @@ def main() -> int:
     if args.serve:
         serve(args.serve)
         return 0
-    server_url = args.database_url
-    if not server_url:
-        from outboxq.embedded import start_embedded
+    server_url = server_or_embedded(args.database_url, "outboxq-phases-")
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    with scratch_database(server_url, "outboxq_phases") as url:
+        env = {**os.environ, "DATABASE_URL": url, "OUTBOXQ_API_TOKENS": f"{TOKEN}:admin", "PYTHONPATH": str(ROOT)}
+        with api_process([sys.executable, __file__, "--serve", str(port)], env, base, ROOT):
+            return measure(args, base, url)
 
-        server_url = start_embedded(Path(tempfile.mkdtemp(prefix="outboxq-phases-")) / "pgdata",
-                                    cleanup_mode="delete")
-    name = f"outboxq_phases_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(server_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = url_with_database(server_url, name)
-    upgrade(url)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "DATABASE_URL": url, "OUTBOXQ_API_TOKENS": f"{TOKEN}:admin", "PYTHONPATH": str(ROOT)}
-    server = subprocess.Popen([sys.executable, __file__, "--serve", str(port)], env=env, cwd=ROOT)
-    try:
-        from outboxq.queue.enqueue import enqueue_many
 
-        body = {"jobs": [{"payload": {"i": i}} for i in range(args.jobs)]}
-        payloads = [job["payload"] for job in body["jobs"]]
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {TOKEN}"},
-                          timeout=60) as client, psycopg.connect(url) as conn:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if client.get("/readyz").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline or server.poll() is not None:
-                    print("the API did not become ready", file=sys.stderr)
-                    return 1
-                time.sleep(0.2)
-            http_s, python_s = [], []
-            for i in range(args.requests + 3):  # the first three warm up
-                started = time.perf_counter()
-                client.post("/v1/queues/phases/jobs/batch", json=body).raise_for_status()
-                middle = time.perf_counter()
-                enqueue_many(conn, "phases", payloads)
-                conn.commit()
-                if i >= 3:
-                    http_s.append(middle - started)
-                    python_s.append(time.perf_counter() - middle)
-            phases = client.get("/_phases").json()
-        http_ms, python_ms = statistics.median(http_s) * 1000, statistics.median(python_s) * 1000
-        print(f"{args.requests} requests of {args.jobs} jobs, medians in ms")
-        for phase, ms in phases.items():
-            print(f"  {phase:<30} {ms:7.2f}")
-        print(f"  {'client, in all':<30} {http_ms:7.2f}")
-        print(f"  {'Python path (enqueue_many)':<30} {python_ms:7.2f}")
-        print(f"HTTP / Python: {python_ms / http_ms:.2f}")
-        return 0
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-        with psycopg.connect(server_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+def measure(args: argparse.Namespace, base: str, url: str) -> int:
+    """The requests, alternating with enqueue_many through Python; print the phases' medians."""
+    from outboxq.queue.enqueue import enqueue_many
 
+    body = {"jobs": [{"payload": {"i": i}} for i in range(args.jobs)]}
+    payloads = [job["payload"] for job in body["jobs"]]
+    http_s, python_s = [], []
+    with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60) as client, \
+            psycopg.connect(url) as conn:
+        for i in range(args.requests + 3):  # the first three warm up
+            started = time.perf_counter()
+            client.post("/v1/queues/phases/jobs/batch", json=body).raise_for_status()
+            middle = time.perf_counter()
+            enqueue_many(conn, "phases", payloads)
+            conn.commit()
+            if i >= 3:
+                http_s.append(middle - started)
+                python_s.append(time.perf_counter() - middle)
+        phases = client.get("/_phases").json()
+    http_ms, python_ms = statistics.median(http_s) * 1000, statistics.median(python_s) * 1000
+    print(f"{args.requests} requests of {args.jobs} jobs, medians in ms")
+    for phase, ms in phases.items():
+        print(f"  {phase:<30} {ms:7.2f}")
+    print(f"  {'client, in all':<30} {http_ms:7.2f}")
+    print(f"  {'Python path (enqueue_many)':<30} {python_ms:7.2f}")
+    print(f"HTTP / Python: {python_ms / http_ms:.2f}")
+    return 0
 
 if __name__ == "__main__":
     sys.exit(main())
