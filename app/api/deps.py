@@ -13,7 +13,7 @@ from psycopg_pool import ConnectionPool
 
 from outboxq.api.responses import OrjsonResponse
 from outboxq.api.routing import api_state
-from outboxq.queue import idempotency
+from outboxq.queue import idempotency, sql
 from outboxq.queue.enqueue import QUEUE_NAME_PATTERN
 from outboxq.settings import Settings
 
@@ -55,14 +55,15 @@ def idempotent_write(
     principal_id: str,
     idempotency_key: str | None,
     request_body: Callable[[], Any],
-    work: Callable[[psycopg.Connection[Any]], Any],
+    work: Callable[[psycopg.Connection[Any]], Callable[[], Any]],
     status: int | Callable[[], int] = 201,
 ) -> JSONResponse:
     """Run `work` in one transaction, with the Idempotency-Key row (when given) written in the same one.
 
-    The same key and body again answer 200 with the stored response and write nothing; the same key with
-    another body is a 409. `request_body` gives the JSON of the request (called only when a key is given).
-    `status` is the answer's status, or a function asked once `work` has run.
+    `work` writes and returns the function that makes the answer's content. The same key and body again answer
+    200 with the stored response and write nothing; the same key with another body is a 409. `request_body`
+    gives the JSON of the request (called only when a key is given). `status` is the answer's status, or a
+    function asked once `work` has run.
     """
     scope = f"{principal_id}:{request.method} {request.url.path}"
     body_hash = idempotency.request_hash(request_body()) if idempotency_key is not None else ""
@@ -71,11 +72,35 @@ def idempotent_write(
             stored = idempotency.begin(conn, scope, idempotency_key, body_hash)
             if stored is not None:
                 return OrjsonResponse(stored.body, status_code=200)
-        body = work(conn)
-        status = status() if callable(status) else status
-        if idempotency_key is not None:
+            body = work(conn)()
+            status = status() if callable(status) else status
             idempotency.record(conn, scope, idempotency_key, body_hash, status, body)
-    return OrjsonResponse(body, status_code=status)
+            return OrjsonResponse(body, status_code=status)  # committed as the block ends
+        answer = work(conn)
+        status = status() if callable(status) else status
+        # No record to write with the answer: the COMMIT goes out first, and the answer is made and rendered
+        # while the server commits (a 1,000-job batch: about a millisecond of each request). A COMMIT that fails
+        # raises as the pipeline ends, before anything is answered.
+        with conn.pipeline():
+            conn.execute(sql.transaction_commit)
+            response = OrjsonResponse(answer(), status_code=status)
+    return response
+
+
+Prefer = Annotated[
+    str | None,
+    Header(description='RFC 7240 preferences: "return=minimal" answers a batch with its jobs\' ids only (a '
+                       "1,000-job batch: 20 kB instead of 400 kB)"),
+]
+
+
+def prefers_minimal(prefer: str | None) -> bool:
+    """Whether a Prefer header (RFC 7240: preferences separated by commas, parameters by semicolons) asks
+    for return=minimal."""
+    if not prefer:
+        return False
+    return any(part.split(";", 1)[0].strip().replace(" ", "").lower() == "return=minimal"
+               for part in prefer.split(","))
 
 
 IdempotencyKey = Annotated[

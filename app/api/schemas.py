@@ -170,6 +170,12 @@ class JobBatchPublic(BaseModel):
     jobs: list[JobPublic]
 
 
+class JobBatchIds(BaseModel):
+    """The ids of the jobs a batch wrote, in request order: the answer to `Prefer: return=minimal`."""
+
+    ids: list[int]
+
+
 class JobPage(BaseModel):
     """A page of a queue's jobs in enqueue order; next_marker is null when the page is empty."""
 

@@ -54,6 +54,55 @@ def test_idempotency_key_with_another_body_is_409_and_writes_nothing(api, db_url
     assert job_count(db_url) == 1
 
 
+@pytest.mark.parametrize("path, body", [
+    ("/v1/queues/q/jobs", {"payload": {"refuse_at_commit": True}}),
+    ("/v1/queues/q/jobs/batch", {"jobs": [{"payload": {"n": 1}}, {"payload": {"refuse_at_commit": True}}]}),
+])
+def test_a_commit_that_fails_answers_an_error_and_writes_nothing(api, db_url, path, body):
+    # The COMMIT goes out while the answer is rendered: a COMMIT the server refuses (here a deferred constraint
+    # trigger) must still end in an error answer, never in a 201 for jobs that do not exist.
+    import psycopg
+
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("""
+            CREATE FUNCTION refuse_at_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF NEW.payload ? 'refuse_at_commit' THEN RAISE EXCEPTION 'refused at commit'; END IF;
+                RETURN NULL;
+            END $$;
+            CREATE CONSTRAINT TRIGGER refuse_at_commit AFTER INSERT ON outboxq_jobs
+                DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION refuse_at_commit();
+        """)
+    r = api.post(path, json=body)
+    assert r.status_code >= 400 and "refused" not in r.text, r.text
+    assert job_count(db_url) == 0
+    assert api.post(path.replace("/q/", "/other/"), json={"jobs": [{"payload": 1}]} if "batch" in path
+                    else {"payload": 1}).status_code == 201  # the pooled connection is fine afterwards
+
+
+def test_a_batch_under_prefer_return_minimal_answers_its_jobs_ids_in_request_order(api, db_url):
+    body = {"jobs": [{"payload": {"n": n}, "key": f"k{n}"} for n in range(3)]}
+    r = api.post("/v1/queues/q/jobs/batch", json=body, headers={"Prefer": "respond-async, return=minimal"})
+    assert r.status_code == 201, r.text
+    assert r.headers["Preference-Applied"] == "return=minimal"
+    ids = r.json()["ids"]
+    assert list(r.json()) == ["ids"] and len(ids) == 3
+    assert [api.get(f"/v1/jobs/{i}").json()["key"] for i in ids] == ["k0", "k1", "k2"]
+    full = api.post("/v1/queues/q/jobs/batch", json={"jobs": [{"payload": 1}]}, headers={"Prefer": "return=full"})
+    assert "Preference-Applied" not in full.headers and full.json()["jobs"][0]["payload"] == 1
+
+
+def test_a_retried_batch_keeps_the_answers_form_and_another_form_is_a_409(api, db_url):
+    body = {"jobs": [{"payload": 1}, {"payload": 2}]}
+    headers = {"Idempotency-Key": "batch-1", "Prefer": "return=minimal"}
+    first = api.post("/v1/queues/q/jobs/batch", json=body, headers=headers)
+    again = api.post("/v1/queues/q/jobs/batch", json=body, headers=headers)
+    assert (first.status_code, again.status_code) == (201, 200) and again.json() == first.json()
+    other_form = api.post("/v1/queues/q/jobs/batch", json=body, headers={"Idempotency-Key": "batch-1"})
+    assert other_form.status_code == 409, other_form.text
+    assert job_count(db_url) == 2
+
+
 def test_idempotency_key_is_not_stored_when_the_write_fails(api, db_url):
     assert api.post("/v1/queues/q/jobs", json={"payload": 1, "key": "dup"}).status_code == 201
     r = api.post("/v1/queues/q/jobs", json={"payload": 1, "key": "dup"}, headers={"Idempotency-Key": "x"})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query, Request
@@ -14,9 +15,11 @@ from outboxq.api.deps import (
     IdempotencyKey,
     JobId,
     PoolDep,
+    Prefer,
     QueueName,
     SettingsDep,
     idempotent_write,
+    prefers_minimal,
     transaction,
 )
 from outboxq.api.errors import ApiProblem, error_responses
@@ -24,6 +27,7 @@ from outboxq.api.routing import OutboxqRoute, api_state
 from outboxq.api.schemas import (
     JOB_CREATE,
     JobBatchCreate,
+    JobBatchIds,
     JobBatchPublic,
     JobCreate,
     JobCreateBody,
@@ -104,26 +108,29 @@ def create_job(queue: QueueName, body: Annotated[JobCreateBody, Body()], request
     existed: list[bool] = []
     options = _options(body)
 
-    def work(conn: Any) -> dict[str, Any]:
+    def work(conn: Any) -> Callable[[], dict[str, Any]]:
         job = enqueue(conn, queue, body["payload"], **options)
         if options["on_conflict"] == "ignore" and options["key"] is not None:
             # The job holding the key was returned, not written, when it was created before this transaction.
             started = conn.execute(sql.transaction_started_at).fetchone()["now"]
             existed.append(job.created_at is not None and job.created_at < started)
-        return job_public(job)
+        return lambda: job_public(job)
 
     return idempotent_write(request, pool, principal.id, idempotency_key,
                             lambda: JOB_CREATE.dump_python(body, mode="json"), work,
                             status=lambda: 200 if any(existed) else 201)
 
 
-@router.post("/v1/queues/{queue}/jobs/batch", status_code=201, response_model=JobBatchPublic,
+@router.post("/v1/queues/{queue}/jobs/batch", status_code=201, response_model=JobBatchPublic | JobBatchIds,
              **scoped("enqueue"),
-             responses={200: {"model": JobBatchPublic, "description": "A retry with the same Idempotency-Key"},
+             responses={200: {"model": JobBatchPublic | JobBatchIds,
+                              "description": "A retry with the same Idempotency-Key"},
                         **error_responses(400, 401, 403, 409, 413, 422)})
 def create_jobs(queue: QueueName, body: JobBatchCreate, request: Request, principal: EnqueuePrincipal,
-                pool: PoolDep, settings: SettingsDep, idempotency_key: IdempotencyKey = None) -> JSONResponse:
-    """Enqueue many jobs of one queue in one transaction: all written, or none."""
+                pool: PoolDep, settings: SettingsDep, idempotency_key: IdempotencyKey = None,
+                prefer: Prefer = None) -> JSONResponse:
+    """Enqueue many jobs of one queue in one transaction: all written, or none. The answer holds each job
+    (JobBatchPublic), or only their ids (JobBatchIds) under `Prefer: return=minimal`."""
     if len(body.jobs) > settings.max_batch_jobs:
         raise InvalidInput(f"a batch holds at most {settings.max_batch_jobs} jobs (max_batch_jobs), "
                            f"not {len(body.jobs)}; split it")
@@ -135,8 +142,9 @@ def create_jobs(queue: QueueName, body: JobBatchCreate, request: Request, princi
             check_payload_size(job["payload"], settings.max_payload_bytes, f"jobs[{index}].payload")
     check_dependency_count(body.jobs, settings.max_dependencies_per_request)
     uniform = _uniform(body.jobs)
+    minimal = prefers_minimal(prefer)
 
-    def work(conn: Any) -> dict[str, Any]:
+    def work(conn: Any) -> Callable[[], dict[str, Any]]:
         if uniform:
             shared = _options(body.jobs[0])
             jobs = enqueue_many(conn, queue, [j["payload"] for j in body.jobs],
@@ -144,10 +152,20 @@ def create_jobs(queue: QueueName, body: JobBatchCreate, request: Request, princi
                                 **{option: shared[option] for option in SHARED_OPTIONS.values()})
         else:  # per-job options or dependencies (a job may depend on an earlier one of the batch)
             jobs = [enqueue(conn, queue, j["payload"], **_options(j)) for j in body.jobs]
-        return {"jobs": jobs_public(jobs)}
+        if minimal:
+            return lambda: {"ids": [job.id for job in jobs]}
+        return lambda: {"jobs": jobs_public(jobs)}
 
-    return idempotent_write(request, pool, principal.id, idempotency_key,
-                            lambda: body.model_dump(mode="json", exclude_unset=True), work)
+    def request_body() -> dict[str, Any]:
+        # The answer's form is part of the request: a retry with the same key and another form is refused (409)
+        # rather than answered in the form the first request chose. ("return" is no field of a batch's body.)
+        dumped = body.model_dump(mode="json", exclude_unset=True)
+        return {**dumped, "return": "minimal"} if minimal else dumped
+
+    response = idempotent_write(request, pool, principal.id, idempotency_key, request_body, work)
+    if minimal:
+        response.headers["Preference-Applied"] = "return=minimal"
+    return response
 
 
 @router.get("/v1/jobs/{job_id}", response_model=JobPublic, **scoped("read"),

@@ -115,6 +115,10 @@ job_get = f"SELECT {JOB_COLUMNS} FROM outboxq_jobs WHERE id = %(id)s"
 # When the current transaction began (its now()): a job created before it was not written by it.
 transaction_started_at = "SELECT now() AS now"
 
+# A COMMIT sent as a statement in a pipeline, so that the caller works while the server commits (an API write
+# renders its answer meanwhile) and reads the outcome as the pipeline ends.
+transaction_commit = "COMMIT"
+
 # What every claim sets on a job it takes (workers' batch and by-id claims, flow control's claims through
 # job_claim_batch, Spark's snapshot claim): running, one more attempt, a lease under the claimer's token.
 CLAIM_SET = """SET status = 'running',
