@@ -6,10 +6,12 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
+from psycopg.pq import TransactionStatus
 
 from outboxq.db import DictConnection
 from outboxq.queue import limits as flow_limits
@@ -28,6 +30,26 @@ log = logging.getLogger("outboxq.worker")
 LIMITED_RECHECK_S = 0.05
 
 
+@contextmanager
+def durable_transaction(conn: DictConnection) -> Iterator[None]:
+    """Run the block in a pipeline; on the dispatcher's connection (autocommit, commits not waiting for the
+    disk) also as one transaction that commits synchronously: autocommit is off until the block has committed,
+    and its first statement turns synchronous commit on. On another connection the block is part of the
+    caller's transaction, as it is."""
+    own = conn.autocommit
+    if own:
+        conn.autocommit = False  # (outside the pipeline: inside, changing it costs a round trip)
+    try:
+        with conn.pipeline():
+            if own:
+                conn.execute(sql.claim_commit_sync)
+            yield
+    finally:
+        # A block that failed leaves its transaction open: the dispatcher's error handling closes the connection.
+        if own and not conn.closed and conn.info.transaction_status == TransactionStatus.IDLE:
+            conn.autocommit = True
+
+
 class Dispatcher:
     """Claims jobs for the handler threads (its own thread and connection)."""
 
@@ -44,7 +66,7 @@ class Dispatcher:
         while not s.stopping.is_set():
             try:
                 if conn is None or conn.closed:
-                    conn = s.connect()
+                    conn = s.connect_for_claims()
                 claimed_any_full = False
                 now = time.monotonic()
                 # The limits are re-read while idle (below), off the path from a notification to its claim; a
@@ -113,11 +135,12 @@ class Dispatcher:
     def read_limits(self, conn: DictConnection) -> None:
         """Declare this worker's consumers' limits (at start), then read the limits of its queues."""
         s = self.state
-        if self._limits_read_at is None:
-            for consumer in s.consumers.values():
-                flow_limits.declare(conn, consumer.limits)
-        s.limits = {q: lim for q, lim in flow_limits.load(conn).items() if q in s.consumers and lim.limited}
-        conn.commit()
+        with durable_transaction(conn):
+            if self._limits_read_at is None:
+                for consumer in s.consumers.values():
+                    flow_limits.declare(conn, consumer.limits)
+            s.limits = {q: lim for q, lim in flow_limits.load(conn).items() if q in s.consumers and lim.limited}
+            conn.commit()
         self._limits_read_at = time.monotonic()
 
     def _limited_room(self, limits: flow_limits.QueueLimits, room: int) -> int:
@@ -171,7 +194,7 @@ class Dispatcher:
         The claims of one limited queue take turns (an advisory lock until commit), each counting what runs
         and what started under the previous one."""
         # One round trip for the lock and the claim (a pipeline); still two statements, two snapshots.
-        with conn.pipeline():
+        with durable_transaction(conn):
             conn.execute(limits_sql.queue_limit_claim_lock, {"queue": consumer.queue})
             if not limits.per_key:
                 return self.claim(conn, consumer, limit, statement=limits_sql.job_claim_limited)
@@ -191,8 +214,9 @@ class Dispatcher:
     def _claim_from_cursor(self, conn: DictConnection, queue: str, statement: str,
                            values: dict[str, Any]) -> list[dict[str, Any]]:
         """Run a claim from the queue's claim cursor; when that comes back short, claim the rest from the front
-        of the claim index in the same transaction (the jobs just claimed are running for it: none comes twice).
-        A claim that reads from the front commits here; the caller commits the others."""
+        of the claim index in the same transaction, or after it on an autocommit connection (either way the jobs
+        just claimed are running for the second statement: none comes twice). A claim that reads from the front
+        commits here; the caller commits the others."""
         cursor = self.cursors.params(queue)
         started = time.monotonic()
         claimed = conn.execute(statement, {**values, **cursor})
@@ -228,8 +252,12 @@ class Dispatcher:
             "default_max_attempts": policy.max_attempts,
             **(params or {}),
         }
-        if statement is sql.job_claim_batch:
-            with conn.pipeline():  # the SET goes in the claim's round trip
+        if statement is sql.job_claim_batch and conn.autocommit:
+            # The dispatcher's connection (WorkerState.connect_for_claims): each claim statement is a transaction
+            # of its own, committed in its one round trip without waiting for the disk.
+            rows = self._claim_from_cursor(conn, consumer.queue, statement, values)
+        elif statement is sql.job_claim_batch:  # a caller's transaction: the SET goes in the claim's round trip
+            with conn.pipeline():
                 conn.execute(sql.claim_commit_async)
                 rows = self._claim_from_cursor(conn, consumer.queue, statement, values)
         elif statement is limits_sql.job_claim_limited:

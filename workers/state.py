@@ -15,6 +15,7 @@ from psycopg.rows import dict_row
 
 from outboxq.db import DictConnection, with_fast_json
 from outboxq.queue import limits as flow_limits
+from outboxq.queue import sql
 from outboxq.settings import Settings
 from outboxq.workers.executor import AsyncLoop, ClaimedJob, Outcome
 from outboxq.workers.metrics import WorkerMetrics
@@ -71,6 +72,13 @@ class WorkerState:
     def connect(self) -> DictConnection:
         """A new connection of the worker's (dict rows)."""
         return with_fast_json(psycopg.connect(self.url, row_factory=dict_row))
+
+    def connect_for_claims(self) -> DictConnection:
+        """The dispatcher's connection: autocommit, its commits not waiting for the disk (see
+        sql.claims_session_async); the dispatcher makes durable what must be (Dispatcher.durable_transaction)."""
+        conn = with_fast_json(psycopg.connect(self.url, autocommit=True, row_factory=dict_row))
+        conn.execute(sql.claims_session_async)
+        return conn
 
     def thread_connection(self) -> DictConnection:
         """A connection owned by the calling handler thread (for ctx.transaction())."""

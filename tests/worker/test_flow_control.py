@@ -244,6 +244,61 @@ def test_a_queue_without_limits_claims_with_the_unlimited_statement(db_url):
     assert worker.state.limits == {}
 
 
+def _flushed_past_the_commit_of(observer, before: str, flushed: str, xid: str) -> bool:
+    """Whether the WAL was flushed to `flushed` past the commit record of transaction `xid` (written after
+    `before`), read back with pg_walinspect once a synchronous commit has put the WAL so far on disk."""
+    observer.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+    observer.execute("SELECT pg_logical_emit_message(true, 'test', '')")  # a write that commits synchronously
+    [(commit_end,)] = observer.execute("""
+        SELECT end_lsn::text FROM pg_get_wal_records_info(%s, pg_current_wal_flush_lsn())
+        WHERE resource_manager = 'Transaction' AND record_type = 'COMMIT' AND xid = %s::xid""", (before, xid)).fetchall()
+    return observer.execute("SELECT %s::pg_lsn >= %s::pg_lsn", (flushed, commit_end)).fetchone()[0]
+
+
+@pytest.mark.parametrize("per_key", [False, True])
+def test_the_dispatchers_limited_claims_and_declared_limits_are_on_disk_when_it_goes_on(db_url, per_key):
+    """The dispatcher's connection commits without waiting for the disk (an unlimited claim may be lost in a
+    crash: its jobs run again). A limited claim may not (its handlers would run beside the same jobs claimed
+    again, over the limit), nor may the limits a consumer declares: both are flushed before the dispatcher goes
+    on, and the connection is back to autocommit with asynchronous commits afterwards."""
+    consumer = Consumer("flow_durable", lambda payload: None, global_concurrency=5,
+                        **({"limit_by": "tenant"} if per_key else {}))
+    with psycopg.connect(db_url) as conn:
+        enqueue_many(conn, "flow_durable", [{"tenant": "a"} for _ in range(3)],
+                     **({"limit_keys": ["a"] * 3} if per_key else {}))
+        conn.commit()
+    worker = Worker([consumer], url=db_url, run_maintenance=False, listen=False)
+    with worker.state.connect_for_claims() as conn, psycopg.connect(db_url, autocommit=True) as observer:
+        before = observer.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0]
+        worker.dispatcher.read_limits(conn)
+        flushed = observer.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0]
+        [(declared_by,)] = observer.execute("SELECT xmin::text FROM outboxq_queue_limits").fetchall()
+        assert _flushed_past_the_commit_of(observer, before, flushed, declared_by)
+
+        before = observer.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0]
+        jobs = worker.dispatcher.claim_limited(conn, consumer, worker.state.limits["flow_durable"], 3)
+        flushed = observer.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0]
+        claimed_by = observer.execute("SELECT DISTINCT xmin::text FROM outboxq_jobs WHERE id = ANY(%s)",
+                                      ([j.id for j in jobs],)).fetchall()
+        assert len(jobs) == 3 and len(claimed_by) == 1
+        assert _flushed_past_the_commit_of(observer, before, flushed, claimed_by[0][0])
+        assert conn.autocommit and conn.execute("SHOW synchronous_commit").fetchone()["synchronous_commit"] == "off"
+
+
+def test_the_dispatchers_unlimited_claim_is_one_statement_that_leaves_no_transaction_open(db_url):
+    consumer = Consumer("plain_one", lambda payload: None)
+    with psycopg.connect(db_url) as conn:
+        enqueue_many(conn, "plain_one", [{} for _ in range(3)])
+        conn.commit()
+    worker = Worker([consumer], url=db_url, run_maintenance=False, listen=False)
+    with worker.state.connect_for_claims() as conn:
+        jobs = worker.dispatcher.claim(conn, consumer, 10)
+        assert len(jobs) == 3 and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    # Committed: another connection sees the jobs running under the claim's lease.
+    assert _count(db_url, "SELECT count(*) FROM outboxq_jobs WHERE status = 'running' AND lease_token = %s",
+                  jobs[0].lease_token) == 3
+
+
 def test_a_per_key_claim_hands_out_jobs_round_robin_and_resumes_after_the_last_key_served(db_url):
     """Every key's first job, then every key's second job..., the keys in scan order (after the last key the
     previous claim served, wrapping around); the next claim resumes after the last key of this one."""
