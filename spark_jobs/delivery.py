@@ -214,7 +214,7 @@ def claim_snapshot(
             # Exactly these jobs were already delivered by this processor (an admin re-ran finished jobs):
             # their results are in the output table once, so they complete without a second delivery.
             log.warning("spark: jobs %s were already delivered under %s; completing them", job_ids, hash_)
-            _execute(conn, job_sql.job_complete_batch, {"ids": job_ids, "lease_tokens": [lease_token] * len(job_ids)})
+            _execute(conn, job_sql.job_complete_one_lease, {"ids": job_ids, "lease_token": lease_token})
             return None
     snapshot = Snapshot(
         id=int(inserted["id"]), processor_id=processor_id, driver_id=driver_id, queue=queue,
@@ -389,8 +389,8 @@ def deliver(
             "id": snapshot.id, "lease_token": snapshot.lease_token,
             "rows_written": rows_written, "error": _failed_summary(failed_jobs),
         })
-        completed = [r for r in _execute(conn, job_sql.job_complete_batch, {
-            "ids": good_ids, "lease_tokens": [snapshot.lease_token] * len(good_ids)}).fetchall()
+        completed = [r for r in _execute(conn, job_sql.job_complete_one_lease, {
+            "ids": good_ids, "lease_token": snapshot.lease_token}).fetchall()
             if r["id"] is not None]
         if len(completed) != len(good_ids):
             raise DeliveryFenced(f"snapshot {snapshot.id}: {len(good_ids) - len(completed)} of its jobs lost "
