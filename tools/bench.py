@@ -9,6 +9,10 @@ Sub-benchmarks (see bench/README.md for the method and the latest figures):
 - latency: an idle worker; enqueue + commit → handler start, p50 / p99 over ~200 samples.
 - backlog: drain throughput at a large backlog (default 1,000,000) with the worker's RSS at start and
            end; the claim query's plan and a drain with many finished jobs kept (default 5,000,000).
+- manyqueues: the drain's N jobs in 1 queue against the same N spread over 50 queues (one consumer each).
+- deadrows: a drain of --dead-rows-jobs (default 500,000) while another session holds a REPEATABLE READ
+           transaction open throughout (vacuum cannot remove dead row versions), against the same drain
+           without it.
 
 `--compare` runs the same drain, enqueue and latency through PgQueuer and Procrastinate, installed in a
 separate virtual environment that this command creates when it is missing (never a dependency of
@@ -45,7 +49,8 @@ DRIVERS = Path(__file__).with_name("bench_drivers.py")
 DEFAULT_PEERS_VENV = "/tmp/peers-venv"
 PEER_PACKAGES = ["pgqueuer[asyncpg]", "procrastinate", "uvloop"]
 DB_PREFIX = "outboxq_bench"
-SUB_BENCHMARKS = ("drain", "enqueue", "latency", "backlog")
+SUB_BENCHMARKS = ("drain", "enqueue", "latency", "backlog", "manyqueues", "deadrows")
+MANY_QUEUES = 50
 DONE_POLL_S = 0.005
 
 
@@ -469,20 +474,24 @@ class Bench:
 
     def drain(self, system: str, n: int, label: str, *, worker: dict[str, Any] | None = None,
               processes: int = 1, db_url: str | None = None, fill: bool = True,
-              profile: str | None = None, flow: dict[str, Any] | None = None) -> dict[str, Any]:
+              profile: str | None = None, flow: dict[str, Any] | None = None, queues: int = 1,
+              hold_snapshot: bool = False) -> dict[str, Any]:
         """Fill a fresh database with `n` no-op jobs, then time `processes` workers draining them.
 
         `profile`: "sample" samples the server side and the CPU split while draining (DrainProfiler);
         "cprofile" also runs the worker's threads under cProfile (outboxq only; slower).
         `flow` (outboxq only, issue 14): {"consumer": flow-control options of the consumer, "keys": limit keys
         the jobs cycle through, "sleep": seconds each handler sleeps}.
+        `queues` (outboxq only): the jobs spread over that many queues, a consumer each. `hold_snapshot`: another
+        session holds a REPEATABLE READ transaction open from before "go" to the end of the drain.
         """
         flow = flow or {}
         url = db_url or self.fresh_db(system)
         fill_result = None
         if fill:
             self.progress.update(f"{label}: enqueueing {n:,} jobs", force=True)
-            fill_result = self.driver(system, "fill", url, n=n, keys=flow.get("keys", 0)).wait_result(1800)
+            fill_result = self.driver(system, "fill", url, n=n, keys=flow.get("keys", 0),
+                                      queues=queues).wait_result(1800)
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("ANALYZE")  # as autovacuum would have done for a backlog that built up
         extra: dict[str, Any] = {}
@@ -491,9 +500,14 @@ class Bench:
                     else self.log_dir / "drain.pstats")
             extra = {"profile": "cprofile", "profile_path": str(path.resolve())}
         drivers = [self.driver(system, "drain", url, worker=worker or {}, consumer=flow.get("consumer", {}),
-                               sleep=flow.get("sleep", 0.0), **extra) for _ in range(processes)]
+                               sleep=flow.get("sleep", 0.0), queues=queues, **extra) for _ in range(processes)]
         profiler: DrainProfiler | None = None
+        holder: psycopg.Connection | None = None
         try:
+            if hold_snapshot:  # its snapshot's xmin holds back vacuum (and pruning) for the whole drain
+                holder = psycopg.connect(url)
+                holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                holder.execute("SELECT count(*) FROM outboxq_queues").fetchone()
             for d in drivers:
                 d.wait_ready()
             rss_start = sum(int(d.ready["rss_kb"]) for d in drivers if d.ready)
@@ -531,6 +545,8 @@ class Bench:
                 d.send("stop")
             results = [d.wait_result(120) for d in drivers]
         finally:
+            if holder is not None:
+                holder.close()
             if profiler is not None:
                 profiler._stop.set()
             for d in drivers:
@@ -876,9 +892,9 @@ class Bench:
         args = self.args
         wanted = args.which or ["drain", "enqueue", "latency"]
         steps: list[tuple[str, str, Callable[[], Any]]] = []
+        # `outboxq worker`'s defaults: --processes auto, one worker process per core (at most 4).
+        auto = default_count()
         if "drain" in wanted:
-            # `outboxq worker`'s defaults: --processes auto, one worker process per core (at most 4).
-            auto = default_count()
             steps.append(("drain", "outboxq", lambda: self.drain(
                 "outboxq", args.jobs, f"drain outboxq defaults ({auto} processes)", processes=auto)))
             for processes in args.outboxq_processes:  # `outboxq worker --processes N`: N workers, one per process
@@ -906,6 +922,18 @@ class Bench:
             if args.compare:
                 steps.append(("enqueue", "pgqueuer", lambda: self.enqueue_peer("pgqueuer")))
                 steps.append(("enqueue", "procrastinate", lambda: self.enqueue_peer("procrastinate")))
+        if "manyqueues" in wanted:  # the claims are per queue: what fifty queues cost against one
+            steps.append(("manyqueues", "one_queue", lambda: self.drain(
+                "outboxq", args.jobs, f"drain outboxq, 1 queue x {args.jobs:,}", processes=auto)))
+            steps.append(("manyqueues", "many_queues", lambda: self.drain(
+                "outboxq", args.jobs, f"drain outboxq, {MANY_QUEUES} queues x {args.jobs // MANY_QUEUES:,}",
+                processes=auto, queues=MANY_QUEUES)))
+        if "deadrows" in wanted:  # a transaction left open holds back vacuum: what the dead rows cost a drain
+            steps.append(("deadrows", "free", lambda: self.drain(
+                "outboxq", args.dead_rows_jobs, f"drain outboxq {args.dead_rows_jobs:,}", processes=auto)))
+            steps.append(("deadrows", "snapshot_held", lambda: self.drain(
+                "outboxq", args.dead_rows_jobs, f"drain outboxq {args.dead_rows_jobs:,}, a transaction open "
+                "throughout", processes=auto, hold_snapshot=True)))
         if "latency" in wanted:
             steps.append(("latency", "outboxq", lambda: self.latency("outboxq")))
             if args.compare:
@@ -1042,6 +1070,14 @@ def summarize(collected: dict[str, dict[str, list[Any]]]) -> dict[str, Any]:
     ceilings = summary.get("pgbench_jobs_per_s") or {}
     if ceilings and ours:
         summary["ratios"]["outboxq_vs_pgbench_batched_best"] = ratio(ours, max(ceilings.values()))
+    for group, (test, base) in {"manyqueues": ("many_queues", "one_queue"),
+                                "deadrows": ("snapshot_held", "free")}.items():
+        rates = {name: [r["jobs_per_s"] for r in runs if r and "jobs_per_s" in r]
+                 for name, runs in collected.get(group, {}).items()}
+        if rates:
+            summary[group] = {name: {"median": median(v), "runs": [round(x) for x in v]} for name, v in rates.items()}
+            summary["ratios"][f"{group}_{test}_vs_{base}"] = ratio(summary[group].get(test, {}).get("median"),
+                                                                   summary[group].get(base, {}).get("median"))
     for group in ("enqueue", "latency"):
         for name, runs in collected.get(group, {}).items():
             keys = {k for r in runs if r and "error" not in r for k, v in r.items() if isinstance(v, int | float)}
@@ -1143,6 +1179,14 @@ def render(results: dict[str, Any]) -> str:
             lines.append(f"| {name} | {_num(lat.get('p50_ms'), 2)} | {_num(lat.get('p90_ms'), 2)} | "
                          f"{_num(lat.get('p99_ms'), 2)} | {_num(lat.get('max_ms'), 2)} |")
         lines.append("")
+    titles = {"manyqueues": f"many queues: the same jobs in 1 queue, and in {MANY_QUEUES} (a consumer each)",
+              "deadrows": "dead rows: the same drain, and with a transaction open throughout"}
+    for group, title in titles.items():
+        if s.get(group):
+            lines += [f"| {title} | jobs/s (median) | runs |", "| --- | ---: | --- |"]
+            lines += [f"| {name} | {_num(d['median'])} | {', '.join(f'{x:,}' for x in d['runs'])} |"
+                      for name, d in s[group].items()]
+            lines.append("")
     backlog = results.get("backlog")
     if backlog:
         lines += ["| backlog | value |", "| --- | ---: |",
@@ -1307,6 +1351,8 @@ def register(sub: Any) -> None:
                    help="with drain: also drain with flow control: non-binding global_concurrency=10000 "
                         "(plain and per key over 100 keys), then the binding global_concurrency=4 on 100 jobs "
                         "of 50 ms and rate_limit=200/s on 5,000 no-op jobs")
+    p.add_argument("--dead-rows-jobs", type=int, default=500_000,
+                   help="jobs per drain of the deadrows sub-benchmark (default 500,000)")
     p.add_argument("--max-seconds", type=float, default=180.0, help="time limit of one drain (default 180)")
     p.add_argument("--url", help="the PostgreSQL server (default: DATABASE_URL or the embedded one); "
                                  f"databases named {DB_PREFIX}_* are created and dropped there")

@@ -120,21 +120,31 @@ async def until_stop_or_done(task: asyncio.Task[Any]) -> None:
 # ---------------------------------------------------------------- outboxq
 
 
+def outboxq_queues(spec: dict[str, Any]) -> list[str]:
+    """The queues of a run: QUEUE, or `queues` of them (QUEUE0, QUEUE1...) for the many-queues drain."""
+    count = spec.get("queues", 1)
+    return [QUEUE] if count == 1 else [f"{QUEUE}{i}" for i in range(count)]
+
+
 def outboxq_fill(spec: dict[str, Any]) -> dict[str, Any]:
-    """Enqueue `n` no-op jobs with enqueue_many, `batch` per transaction."""
+    """Enqueue `n` no-op jobs with enqueue_many, `batch` per transaction, spread evenly over the run's queues."""
     import psycopg
 
     from outboxq.queue.enqueue import enqueue_many
 
     n, batch, keys = spec["n"], spec.get("batch", 10_000), spec.get("keys", 0)
+    queues = outboxq_queues(spec)
     started = time.perf_counter()
     with psycopg.connect(spec["url"]) as conn:
-        for offset in range(0, n, batch):
-            count = min(batch, n - offset)
-            # Flow control: jobs cycle through `keys` limit keys (given explicitly: no consumer is registered here).
-            limit_keys = [f"k{(offset + i) % keys}" for i in range(count)] if keys else None
-            enqueue_many(conn, QUEUE, [None] * count, limit_keys=limit_keys)
-            conn.commit()
+        for index, queue in enumerate(queues):
+            share = n // len(queues) + (1 if index < n % len(queues) else 0)
+            for offset in range(0, share, batch):
+                count = min(batch, share - offset)
+                # Flow control: jobs cycle through `keys` limit keys (given explicitly: no consumer is registered
+                # here).
+                limit_keys = [f"k{(offset + i) % keys}" for i in range(count)] if keys else None
+                enqueue_many(conn, queue, [None] * count, limit_keys=limit_keys)
+                conn.commit()
     elapsed = time.perf_counter() - started
     return {"n": n, "seconds": elapsed, "jobs_per_s": n / elapsed}
 
@@ -156,12 +166,12 @@ def outboxq_enqueue_single(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def outboxq_worker(spec: dict[str, Any], handler: Any) -> Any:
-    """A Worker for one consumer with outboxq's default settings (plus any `worker` overrides)."""
+    """A Worker with outboxq's default settings (plus any `worker` overrides), a consumer per queue of the run."""
     from outboxq.workers.registry import Consumer
     from outboxq.workers.runner import Worker
 
-    return Worker([Consumer(queue=QUEUE, handler=handler, **spec.get("consumer", {}))], url=spec["url"],
-                  **spec.get("worker", {}))
+    consumers = [Consumer(queue=queue, handler=handler, **spec.get("consumer", {})) for queue in outboxq_queues(spec)]
+    return Worker(consumers, url=spec["url"], **spec.get("worker", {}))
 
 
 def thread_cpu_s() -> dict[str, float]:

@@ -58,6 +58,19 @@ def test_bench_backlog_checks_the_claim_plan_and_memory(db_url, tmp_path):
     assert backlog["with_finished"]["finished"] == 300
 
 
+def test_bench_many_queues_and_dead_rows_drain_every_job_and_give_their_ratios(db_url, tmp_path, capsys):
+    results = _run(db_url, tmp_path, "manyqueues", "deadrows", "--dead-rows-jobs", "400")
+
+    many = results["runs"]["manyqueues"]["many_queues"][0]
+    assert many["finished"] == many["n"] == 300 and not many["timed_out"]
+    held = results["runs"]["deadrows"]["snapshot_held"][0]
+    assert held["finished"] == held["n"] == 400 and not held["timed_out"]
+    ratios = results["summary"]["ratios"]
+    assert ratios["manyqueues_many_queues_vs_one_queue"] > 0 and ratios["deadrows_snapshot_held_vs_free"] > 0
+    printed = capsys.readouterr().out
+    assert "many queues" in printed and "dead rows" in printed
+
+
 def test_claim_plan_uses_the_claim_index_beside_finished_jobs(db_url):
     import psycopg
 
