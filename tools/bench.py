@@ -537,6 +537,11 @@ class Bench:
                     time.sleep(DONE_POLL_S if handled >= 0.9 * n else 0.05)
                 elapsed = time.perf_counter() - started
                 profile_result = profiler.stop() if profiler else None
+                if holder is not None:  # still open (idle_in_transaction_session_timeout would end it): else no figure
+                    try:
+                        holder.execute("SELECT 1")
+                    except psycopg.Error as exc:
+                        raise BenchError(f"{label}: the transaction held open ended during the drain ({exc})") from None
                 if timed_out:
                     finished = self._finished_count(watch, system, n)
                 else:

@@ -228,8 +228,17 @@ class Dispatcher:
         from_front_s = None if cursor is not FROM_THE_FRONT else time.monotonic() - started
         if cursor is not FROM_THE_FRONT and len(rows) < values["limit"]:
             started = time.monotonic()
-            rows += conn.execute(statement, {**values, **FROM_THE_FRONT,
-                                             "limit": values["limit"] - len(rows)}).fetchall()
+            try:
+                rows += conn.execute(statement, {**values, **FROM_THE_FRONT,
+                                                 "limit": values["limit"] - len(rows)}).fetchall()
+            except psycopg.Error as exc:
+                if not conn.autocommit:
+                    raise  # one transaction: the first statement's jobs go back with it
+                # On the dispatcher's autocommit connection the first statement's jobs are committed as running
+                # under this claim's lease: hand them out rather than leave them to its expiry (and to a retry
+                # counted for nothing). The connection's error comes back at its next statement.
+                log.warning("dispatcher: the rest of a claim of %s failed (%s); handing out the %d jobs claimed",
+                            queue, exc, len(rows))
             from_front_s = time.monotonic() - started
         self.cursors.claimed(queue, rows, values["limit"], from_front_s)
         return rows
@@ -270,7 +279,8 @@ class Dispatcher:
             # A per-key claim resumes after its round robin's key (its skip scan starts at each key's first live
             # entry); a by-id claim takes its one job.
             rows = conn.execute(statement, {**FROM_THE_FRONT, **values}).fetchall()
-        conn.commit()
+        if not conn.autocommit:  # (on the dispatcher's autocommit connection each statement committed already)
+            conn.commit()
         if not rows:
             return []
         if rows[0]["queue_failing"]:

@@ -80,6 +80,19 @@ def test_a_commit_that_fails_answers_an_error_and_writes_nothing(api, db_url, pa
                     else {"payload": 1}).status_code == 201  # the pooled connection is fine afterwards
 
 
+def test_an_answer_that_cannot_be_made_rolls_the_write_back(api, db_url, monkeypatch):
+    # The COMMIT is sent while the answer is rendered; the answer's content is made before it, so a failure
+    # there is a 500 with nothing written, never a 500 for jobs that were committed (a retry would write twice).
+    import outboxq.api.routes.jobs as routes
+
+    def broken(jobs):
+        raise RuntimeError("answer failed")
+
+    monkeypatch.setattr(routes, "jobs_public", broken)
+    r = api.post("/v1/queues/q/jobs/batch", json={"jobs": [{"payload": 1}, {"payload": 2}]})
+    assert r.status_code == 500 and job_count(db_url) == 0
+
+
 def test_a_batch_under_prefer_return_minimal_answers_its_jobs_ids_in_request_order(api, db_url):
     body = {"jobs": [{"payload": {"n": n}, "key": f"k{n}"} for n in range(3)]}
     r = api.post("/v1/queues/q/jobs/batch", json=body, headers={"Prefer": "respond-async, return=minimal"})
@@ -90,6 +103,12 @@ def test_a_batch_under_prefer_return_minimal_answers_its_jobs_ids_in_request_ord
     assert [api.get(f"/v1/jobs/{i}").json()["key"] for i in ids] == ["k0", "k1", "k2"]
     full = api.post("/v1/queues/q/jobs/batch", json={"jobs": [{"payload": 1}]}, headers={"Prefer": "return=full"})
     assert "Preference-Applied" not in full.headers and full.json()["jobs"][0]["payload"] == 1
+    # RFC 7240: a quoted value, whitespace, several Prefer lines; the first return preference wins.
+    for prefer in ([("Prefer", 'return = "minimal"')], [("Prefer", "respond-async"), ("Prefer", "return=minimal")]):
+        assert "ids" in api.post("/v1/queues/q/jobs/batch", json={"jobs": [{"payload": 1}]}, headers=prefer).json()
+    first_wins = api.post("/v1/queues/q/jobs/batch", json={"jobs": [{"payload": 1}]},
+                          headers={"Prefer": "return=representation, return=minimal"})
+    assert "jobs" in first_wins.json()
 
 
 def test_a_retried_batch_keeps_the_answers_form_and_another_form_is_a_409(api, db_url):

@@ -148,3 +148,28 @@ def test_a_limited_claim_commits_synchronously(db_url):
         conn.commit()
         assert len(w.claim_limited(conn, consumer, limits, 3)) == 3
     assert _commit_modes(db_url) == {"on"}
+
+
+def test_a_claim_whose_rest_fails_on_the_dispatchers_connection_hands_out_what_it_claimed(db_url, monkeypatch):
+    """On the dispatcher's autocommit connection a short claim from the cursor has committed its jobs before
+    the rest is claimed from the front: when that second statement fails, the jobs already claimed are handed
+    out (not left running under a lease nobody holds until it expires)."""
+    monkeypatch.setattr(claim_cursor, "FULL_SCAN_MIN_S", 3600.0)
+    consumer = Consumer("cursor", lambda payload: None)
+    w = Worker([consumer], url=db_url, run_maintenance=False, listen=False)
+    ids = _fill(db_url, 6)
+    with w.state.connect_for_claims() as conn:
+        assert [j.id for j in w.claim(conn, consumer, 4)] == ids[:4]
+        execute = conn.execute
+        statements = []
+
+        def the_second_fails(query, params=None, **options):
+            statements.append(query)
+            if len(statements) == 2:
+                raise psycopg.errors.QueryCanceled("canceling statement due to statement timeout")
+            return execute(query, params, **options)
+
+        conn.execute = the_second_fails  # type: ignore[method-assign]
+        jobs = w.claim(conn, consumer, 4)
+    assert len(statements) == 2 and [j.id for j in jobs] == ids[4:]
+    assert set(ids[4:]) <= set(w.state.in_flight)

@@ -142,7 +142,7 @@ def create_jobs(queue: QueueName, body: JobBatchCreate, request: Request, princi
             check_payload_size(job["payload"], settings.max_payload_bytes, f"jobs[{index}].payload")
     check_dependency_count(body.jobs, settings.max_dependencies_per_request)
     uniform = _uniform(body.jobs)
-    minimal = prefers_minimal(prefer)
+    minimal = prefers_minimal(request)  # (every Prefer line: `prefer` above documents the header)
 
     def work(conn: Any) -> Callable[[], dict[str, Any]]:
         if uniform:
