@@ -119,7 +119,7 @@ class JobContext:
                     )
                 yield conn
                 done = conn.execute(
-                    sql.job_complete_batch, {"ids": [self.job_id], "lease_tokens": [self.lease_token]}
+                    sql.job_complete_in_lease, {"ids": [self.job_id], "lease_token": self.lease_token}
                 ).fetchall()
                 if not any(_first(r) == self.job_id for r in done):
                     raise LeaseLost(f"job {self.job_id}: completion refused (lease lost)")

@@ -194,6 +194,7 @@ def test_a_batch_of_sibling_jobs_has_the_json_each_job_has_alone():
     assert jobs_public(jobs) == [job_public(job) for job in jobs]
     assert [j["payload_encoding"] for j in jobs_public(jobs)] == ["json", "base64", "json"]
 
+
 def test_batch_whose_jobs_differ_in_options_writes_each_with_its_own(api):
     r = api.post("/v1/queues/q/jobs/batch", json={"jobs": [
         {"payload": 1}, {"payload": 2, "priority": 5}, {"payload": 3, "delay_seconds": 3600}]})

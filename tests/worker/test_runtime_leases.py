@@ -234,6 +234,26 @@ def test_a_lapsed_lease_is_lost_before_any_rescue_its_heartbeat_and_transaction_
             pass
 
 
+def test_a_worker_frozen_inside_its_transaction_past_its_lease_cannot_commit_its_effects(db_url):
+    """ctx.transaction() locks the job's row while its lease is valid, and that lock keeps every rescue away: a
+    worker frozen inside the block past its lease must still not commit (its slot of a concurrency limit went
+    to another job meanwhile). The completion is refused, the effects roll back, the job stays for the rescue."""
+    consumer = Consumer("frozen_tx", lambda payload, ctx: None, lease_s=30)
+    worker = Worker([consumer], url=db_url, listen=False, run_maintenance=False, worker_id="frozen")
+    with psycopg.connect(db_url, row_factory=dict_row) as conn:
+        conn.execute("CREATE TABLE effects (job_id bigint)")
+        enqueue(conn, "frozen_tx", {"n": 1})
+        conn.commit()
+        [job] = worker.claim(conn, consumer, 1)
+        with pytest.raises(LeaseLost), job.ctx.transaction() as tx:
+            tx.execute("INSERT INTO effects VALUES (%s)", (job.id,))
+            # Frozen here until the lease ran out (within the transaction: the row is locked by it).
+            tx.execute("UPDATE outboxq_jobs SET lease_expires_at = clock_timestamp() - interval '1 second' "
+                       "WHERE id = %s", (job.id,))
+        assert conn.execute("SELECT count(*) AS n FROM effects").fetchone()["n"] == 0
+        assert conn.execute("SELECT status FROM outboxq_jobs WHERE id = %s", (job.id,)).fetchone()["status"] == "running"
+
+
 def test_zombie_worker_cannot_fail_or_renew_a_rescued_job_and_logs_that_it_was_fenced(db_url, caplog):
     def always_fails(payload, ctx):
         raise RuntimeError("downstream says no")

@@ -250,6 +250,13 @@ job_complete_batch = _JOB_COMPLETE.format(
 # 1.4 s), and one token sent instead of one per job.
 job_complete_one_lease = _JOB_COMPLETE.format(fence="j.lease_token = %(lease_token)s::uuid")
 
+# ctx.transaction()'s completion, refused once the lease has expired as well. That transaction holds the job's
+# row lock from its start (job_lock_if_leased), so no rescue can take the job meanwhile: a worker frozen inside
+# it past its lease (a zombie) would otherwise commit its effects after its slot went to another job, over
+# a concurrency limit (the chaos limits scenario saw 3 handlers of a tenant limited to 2).
+job_complete_in_lease = _JOB_COMPLETE.format(
+    fence="j.lease_token = %(lease_token)s::uuid AND j.lease_expires_at > clock_timestamp()")
+
 # Fail jobs, each fenced by its own lease token, with the fate its retry policy decided in Python
 # (RetryPolicy.decide: 'retrying' after `delays` seconds, or 'dead'); each error goes to its job's history.
 # The queue is marked failing (one consecutive failure per job) unless mark_failing is false: a handled
