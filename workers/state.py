@@ -69,14 +69,14 @@ class WorkerState:
         self.stats = {"claimed": 0, "completed": 0, "failed": 0, "fenced": 0, "cancelled": 0}
         self._local = threading.local()
 
-    def connect(self) -> DictConnection:
+    def connect(self, *, autocommit: bool = False) -> DictConnection:
         """A new connection of the worker's (dict rows)."""
-        return with_fast_json(psycopg.connect(self.url, row_factory=dict_row))
+        return with_fast_json(psycopg.connect(self.url, autocommit=autocommit, row_factory=dict_row))
 
     def connect_for_claims(self) -> DictConnection:
         """The dispatcher's connection: autocommit, its commits not waiting for the disk (see
-        sql.claims_session_async); the dispatcher makes durable what must be (Dispatcher.durable_transaction)."""
-        conn = with_fast_json(psycopg.connect(self.url, autocommit=True, row_factory=dict_row))
+        sql.claims_session_async); the dispatcher makes durable what must be (dispatcher.durable_transaction)."""
+        conn = self.connect(autocommit=True)
         conn.execute(sql.claims_session_async)
         return conn
 

@@ -55,15 +55,15 @@ def idempotent_write(
     principal_id: str,
     idempotency_key: str | None,
     request_body: Callable[[], Any],
-    work: Callable[[psycopg.Connection[Any]], Callable[[], Any]],
+    work: Callable[[psycopg.Connection[Any]], Any],
     status: int | Callable[[], int] = 201,
 ) -> JSONResponse:
     """Run `work` in one transaction, with the Idempotency-Key row (when given) written in the same one.
 
-    `work` writes and returns the function that makes the answer's content. The same key and body again answer
-    200 with the stored response and write nothing; the same key with another body is a 409. `request_body`
-    gives the JSON of the request (called only when a key is given). `status` is the answer's status, or a
-    function asked once `work` has run.
+    `work` writes and returns the answer's content. The same key and body again answer 200 with the stored
+    response and write nothing; the same key with another body is a 409. `request_body` gives the JSON of the
+    request (called only when a key is given). `status` is the answer's status, or a function asked once `work`
+    has run.
     """
     scope = f"{principal_id}:{request.method} {request.url.path}"
     body_hash = idempotency.request_hash(request_body()) if idempotency_key is not None else ""
@@ -72,12 +72,11 @@ def idempotent_write(
             stored = idempotency.begin(conn, scope, idempotency_key, body_hash)
             if stored is not None:
                 return OrjsonResponse(stored.body, status_code=200)
-            body = work(conn)()
-            status = status() if callable(status) else status
-            idempotency.record(conn, scope, idempotency_key, body_hash, status, body)
-            return OrjsonResponse(body, status_code=status)  # committed as the block ends
-        content = work(conn)()  # made before the COMMIT: what raises here rolls the write back
+        content = work(conn)  # made before the COMMIT: what raises here rolls the write back
         status = status() if callable(status) else status
+        if idempotency_key is not None:
+            idempotency.record(conn, scope, idempotency_key, body_hash, status, content)
+            return OrjsonResponse(content, status_code=status)  # committed as the block ends
         # No record to write with the answer: the COMMIT goes out first, and the answer is rendered while the
         # server commits. A COMMIT that fails raises as the pipeline ends, before anything is answered.
         with conn.pipeline():

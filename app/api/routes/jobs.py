@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query, Request
@@ -108,13 +107,13 @@ def create_job(queue: QueueName, body: Annotated[JobCreateBody, Body()], request
     existed: list[bool] = []
     options = _options(body)
 
-    def work(conn: Any) -> Callable[[], dict[str, Any]]:
+    def work(conn: Any) -> dict[str, Any]:
         job = enqueue(conn, queue, body["payload"], **options)
         if options["on_conflict"] == "ignore" and options["key"] is not None:
             # The job holding the key was returned, not written, when it was created before this transaction.
             started = conn.execute(sql.transaction_started_at).fetchone()["now"]
             existed.append(job.created_at is not None and job.created_at < started)
-        return lambda: job_public(job)
+        return job_public(job)
 
     return idempotent_write(request, pool, principal.id, idempotency_key,
                             lambda: JOB_CREATE.dump_python(body, mode="json"), work,
@@ -144,7 +143,7 @@ def create_jobs(queue: QueueName, body: JobBatchCreate, request: Request, princi
     uniform = _uniform(body.jobs)
     minimal = prefers_minimal(request)  # (every Prefer line: `prefer` above documents the header)
 
-    def work(conn: Any) -> Callable[[], dict[str, Any]]:
+    def work(conn: Any) -> dict[str, Any]:
         if uniform:
             shared = _options(body.jobs[0])
             jobs = enqueue_many(conn, queue, [j["payload"] for j in body.jobs],
@@ -152,9 +151,7 @@ def create_jobs(queue: QueueName, body: JobBatchCreate, request: Request, princi
                                 **{option: shared[option] for option in SHARED_OPTIONS.values()})
         else:  # per-job options or dependencies (a job may depend on an earlier one of the batch)
             jobs = [enqueue(conn, queue, j["payload"], **_options(j)) for j in body.jobs]
-        if minimal:
-            return lambda: {"ids": [job.id for job in jobs]}
-        return lambda: {"jobs": jobs_public(jobs)}
+        return {"ids": [job.id for job in jobs]} if minimal else {"jobs": jobs_public(jobs)}
 
     def request_body() -> dict[str, Any]:
         # The answer's form is part of the request: a retry with the same key and another form is refused (409)
