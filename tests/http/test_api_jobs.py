@@ -180,7 +180,12 @@ def test_request_json_is_read_as_json_loads_reads_it(api):
                       {"max64": 18446744073709551615, "f": 0.1, "s": "\u00e9"}]
     assert type(stored[0]["big"]) is int
 
-def test_a_batch_of_sibling_jobs_has_the_json_each_job_has_alone():
+@pytest.mark.parametrize("payloads, encodings", [
+    ([{"i": 1}, b"\x01", [2]], ["json", "base64", "json"]),  # a codec's bytes among JSON payloads
+    ([{"i": 1}, None, [2]], ["json", "json", "json"]),  # only JSON: the first job's encoding for all
+    ([b"\x01", bytearray(b"\x02")], ["base64", "base64"]),
+])
+def test_a_batch_of_sibling_jobs_has_the_json_each_job_has_alone(payloads, encodings):
     """jobs_public copies the first of enqueue_many's jobs for the others: each must read as it would alone."""
     from datetime import UTC, datetime
 
@@ -188,11 +193,11 @@ def test_a_batch_of_sibling_jobs_has_the_json_each_job_has_alone():
     from outboxq.queue.jobs import SiblingJobs, queued_jobs
 
     now = datetime(2026, 11, 25, 12, 0, 0, 123456, tzinfo=UTC)
-    jobs = queued_jobs([7, 8, 9], [{"i": 1}, b"\x01", [2]], queue="q", priority=3, run_at=now,
+    jobs = queued_jobs(list(range(7, 7 + len(payloads))), payloads, queue="q", priority=3, run_at=now,
                        max_attempts=4, context={"trace": "t"}, created_at=now)
     assert isinstance(jobs, SiblingJobs)
     assert jobs_public(jobs) == [job_public(job) for job in jobs]
-    assert [j["payload_encoding"] for j in jobs_public(jobs)] == ["json", "base64", "json"]
+    assert [j["payload_encoding"] for j in jobs_public(jobs)] == encodings
 
 
 def test_batch_whose_jobs_differ_in_options_writes_each_with_its_own(api):
