@@ -50,7 +50,8 @@ def fill(conn: psycopg.Connection, kind: str, keys: int, jobs: int) -> None:
 def params(limit: int, after_key: str) -> dict:
     """The claim's parameters, as the worker passes them."""
     return {"queue": "q", "limit": limit, "lease_token": uuid.uuid4(), "lease_s": 30.0, "worker_id": "bench",
-            "default_max_attempts": 5, **FROM_THE_FRONT, "after_key": after_key, "max_keys": limits.key_budget(limit)}
+            "default_max_attempts": 5, **FROM_THE_FRONT, "after_key": after_key, "max_keys": limits.key_budget(limit),
+            "reserve": 0}
 
 
 def explain(conn: psycopg.Connection, kind: str, limit: int, after_key: str, repeat: int) -> tuple[float, float, int]:
@@ -71,7 +72,7 @@ def drain_some(conn: psycopg.Connection, kind: str, limit: int, claims: int) -> 
     after_key = ""
     for _ in range(claims):
         if kind != "unlimited":
-            conn.execute(limits_sql.queue_limit_claim_lock, {"queue": "q"})
+            conn.execute(limits_sql.queue_limit_claim_exclusive, {"queue": "q"})
         p = params(limit, after_key)
         rows = conn.execute(CLAIMS[kind], p).fetchall()
         conn.commit()

@@ -4,6 +4,7 @@ within the queues' limits, and sleeps until notified, a poll is due, or a slot o
 from __future__ import annotations
 
 import logging
+import random
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -191,13 +192,31 @@ class Dispatcher:
                       limit: int) -> list[ClaimedJob]:
         """Claim up to `limit` jobs of a limited queue, within its limits (committed).
 
-        The claims of one limited queue take turns (an advisory lock until commit), each counting what runs
-        and what started under the previous one."""
-        # One round trip for the lock and the claim (a pipeline); still two statements, two snapshots.
+        Far from its limits, in a shared claim slot: claims side by side, each leaving room for those in flight
+        beside it. Otherwise, and for what a shared claim left, in an exclusive one, which counts every job
+        running and every start (the slots: outboxq.queue.sql.limits)."""
+        jobs: list[ClaimedJob] = []
+        if flow_limits.shares_claim_slots(limits, limit):
+            jobs = self._claim_in_slot(conn, consumer, limits, limit, shared=True)
+            if len(jobs) == limit:
+                return jobs
+            # Short: the backlog ran out, or the reserve for the claims beside it held some jobs back.
+            limit -= len(jobs)
+        return jobs + self._claim_in_slot(conn, consumer, limits, limit, shared=False)
+
+    def _claim_in_slot(self, conn: DictConnection, consumer: Consumer, limits: flow_limits.QueueLimits,
+                       limit: int, *, shared: bool) -> list[ClaimedJob]:
+        """One limited claim, in a shared claim slot or holding them all (committed)."""
+        # One round trip for the slot and the claim (a pipeline); still two statements, two snapshots.
         with durable_transaction(conn):
-            conn.execute(limits_sql.queue_limit_claim_lock, {"queue": consumer.queue})
+            if shared:
+                conn.execute(limits_sql.queue_limit_claim_shared,
+                             {"queue": consumer.queue, "first_slot": random.randrange(limits_sql.CLAIM_SLOTS)})
+            else:
+                conn.execute(limits_sql.queue_limit_claim_exclusive, {"queue": consumer.queue})
+            reserve = {"reserve": limits_sql.SHARED_RESERVE if shared else 0}
             if not limits.per_key:
-                return self.claim(conn, consumer, limit, statement=limits_sql.job_claim_limited)
+                return self.claim(conn, consumer, limit, statement=limits_sql.job_claim_limited, params=reserve)
             after_key = self._limit_cursor.get(consumer.queue, "")
 
             def round_robin(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -208,7 +227,7 @@ class Dispatcher:
                 return ordered
 
             return self.claim(conn, consumer, limit, statement=limits_sql.job_claim_limited_per_key,
-                              params={"after_key": after_key, "max_keys": flow_limits.key_budget(limit)},
+                              params={"after_key": after_key, "max_keys": flow_limits.key_budget(limit), **reserve},
                               order=round_robin)
 
     def _claim_from_cursor(self, conn: DictConnection, queue: str, statement: str,

@@ -126,6 +126,15 @@ def round_robin(rows: list[dict[str, Any]], after_key: str) -> tuple[list[dict[s
     return [r for _, _, r in turns], rows[0]["resume_key"] if rows else after_key
 
 
+def shares_claim_slots(limits: QueueLimits, limit: int) -> bool:
+    """Whether a claim of `limit` jobs may take a shared claim slot: no larger than a shared claim may be, and
+    every limit of the queue above the reserve for the claims beside it (below, only an exclusive claim could
+    take a job)."""
+    return limit <= limits_sql.SHARED_CLAIM_MAX and all(
+        value is None or value > limits_sql.SHARED_RESERVE
+        for value in (limits.global_concurrency, limits.rate_limit_count))
+
+
 # A per-key claim scans this many keys more than it may claim jobs, to pass keys that are at their limit.
 KEY_SCAN_MARGIN = 64
 

@@ -174,7 +174,7 @@ def test_the_per_key_claim_with_10000_keys_is_index_driven_and_reads_only_the_ke
     limit = 500  # what a worker asks with a full batch
     max_keys = limits.key_budget(limit)
     params = {"queue": "tenants", "limit": limit, "lease_token": uuid.uuid4(), "lease_s": 60.0, "worker_id": "w",
-              "default_max_attempts": 25, "after_key": "tenant-5000", "max_keys": max_keys}
+              "default_max_attempts": 25, "after_key": "tenant-5000", "max_keys": max_keys, "reserve": 0}
     plan = analyzed(many_keys, limits_sql.job_claim_limited_per_key, params)
     assert_no_seq_scan(plan)
     scans = reads_of_jobs(plan)
@@ -195,6 +195,6 @@ def test_the_limited_claim_and_the_usage_never_scan_the_finished_history(many_ke
     many_keys.commit()
     plan = plan_of(many_keys, getattr(limits_sql, name), {
         "queue": "emails", "limit": 500, "lease_token": uuid.uuid4(), "lease_s": 60.0, "worker_id": "w",
-        "default_max_attempts": 25, **FROM_THE_FRONT})
+        "default_max_attempts": 25, **FROM_THE_FRONT, "reserve": 0})
     assert_no_seq_scan(plan)
     assert reads_of_jobs(plan) and all(index is not None for _, index in reads_of_jobs(plan)), reads_of_jobs(plan)

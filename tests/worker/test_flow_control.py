@@ -23,6 +23,7 @@ import tests.handlers_flow  # noqa: F401 - registers the consumers: enqueue comp
 from outboxq import cli, enqueue, enqueue_many
 from outboxq.errors import InvalidLimit
 from outboxq.queue import limits
+from outboxq.queue.sql import limits as limits_sql
 from outboxq.workers.registry import Consumer
 from outboxq.workers.runner import Worker
 from tests.handlers_flow import RUNS_DDL
@@ -321,3 +322,33 @@ def test_a_per_key_claim_hands_out_jobs_round_robin_and_resumes_after_the_last_k
         second = worker.claim_limited(conn, consumer, queue_limits, 5)
         assert [j.id for j in second] == [jobs[1].id, jobs[2].id]
         assert worker.dispatcher._limit_cursor["flow_rr"] == "a"
+
+
+@pytest.mark.parametrize("per_key", [False, True])
+def test_a_claim_far_from_its_limit_runs_beside_one_in_flight_and_one_near_it_waits_for_it(db_url, per_key):
+    """Claims of a limited queue take a shared slot while the limit leaves room for every claim that may be in
+    flight beside them (limits_sql.SHARED_RESERVE): they neither wait for each other nor count on jobs they
+    cannot see. A claim that the reserve holds back is made again holding every slot, after the claims in flight
+    have committed, and then gets all that the limit allows."""
+    limit = limits_sql.SHARED_RESERVE + 5
+    consumer = Consumer("flow_slots", lambda payload: None, global_concurrency=limit,
+                        **({"limit_by": "tenant"} if per_key else {}))
+    with psycopg.connect(db_url) as conn:
+        enqueue_many(conn, "flow_slots", [{"tenant": "a"} for _ in range(12)],
+                     **({"limit_keys": ["a"] * 12} if per_key else {}))
+        limits.declare(conn, consumer.limits)
+        conn.commit()
+    worker = Worker([consumer], url=db_url, run_maintenance=False, listen=False)
+    queue_limits = limits.QueueLimits("flow_slots", global_concurrency=limit, per_key=per_key)
+    with psycopg.connect(db_url) as in_flight, worker.state.connect_for_claims() as conn:
+        conn.execute("SET lock_timeout = '1s'")  # a claim that waits for the slot held below fails
+        in_flight.execute(limits_sql.queue_limit_claim_shared, {"queue": "flow_slots", "first_slot": 0})
+        # Beside the claim in flight, a shared slot: 5 jobs leave the reserve free, so no exclusive claim follows.
+        assert len(worker.claim_limited(conn, consumer, queue_limits, 5)) == 5
+        # Now the reserve holds back every job: the claim goes exclusive and waits for the claim in flight.
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            worker.claim_limited(conn, consumer, queue_limits, 5)
+        conn.rollback()
+        in_flight.rollback()  # the claim in flight ends: the exclusive claim counts 5 running, and takes 5 more
+        assert len(worker.claim_limited(conn, consumer, queue_limits, 5)) == 5
+    assert _count(db_url, "SELECT count(*) FROM outboxq_jobs WHERE queue = 'flow_slots' AND status = 'running'") == 10
