@@ -193,8 +193,8 @@ flow_claimed_keys AS (SELECT '' AS limit_key, count(*)::int AS n FROM flow_claim
 
 # limit_by: the distinct keys with claimable jobs, found by a skip scan of outboxq_jobs_limit_key_idx that
 # starts after `after_key` (the last key the worker served) and wraps around, at most `max_keys` of them;
-# each key's allowance (its own concurrency and rate limits), capped at an equal share of `limit`; then round
-# robin: every key's first job, then every key's second job, and so on. `pos` is each key's place in the
+# each key's allowance (its own concurrency and rate limits), capped at its part of `limit` (flow_shares); the
+# handlers take them round robin: every key's first job, then every key's second job, and so on. `pos` is each key's place in the
 # scan: the worker resumes after the last key it served (`resume_key`, in the database's collation, which
 # Python's string order need not match). The handlers' order is computed from the rows returned
 # (outboxq.queue.limits.round_robin): joining each row back to flow_picked here cost a tenth of the claim.
@@ -245,32 +245,36 @@ flow_recent AS (
 """ + _QUEUE_STATE + """,
 flow_allowance AS (
     SELECT k.limit_key, k.pos, k.priority, k.run_at, k.id,
-           greatest(0, least(
-               ceil(%(limit)s::float8 / greatest(1, (SELECT count(*) FROM flow_keys)))::int,
-               l.global_concurrency - %(reserve)s - coalesce(r.n, 0),
-               l.rate_limit_count - %(reserve)s - coalesce(s.n, 0)))::int AS n
+           greatest(0, least(l.global_concurrency - %(reserve)s - coalesce(r.n, 0),
+                             l.rate_limit_count - %(reserve)s - coalesce(s.n, 0)))::int AS allowed
     FROM flow_keys k
     CROSS JOIN flow_limits l
     LEFT JOIN flow_running r ON r.limit_key = k.limit_key
     LEFT JOIN flow_recent s ON s.limit_key = k.limit_key
     WHERE NOT (SELECT paused FROM queue_state)
 ),
+-- `limit` shared out between the keys that may start a job, in scan order: each key's equal part, one more for
+-- the first (limit mod keys) of them; with more keys than `limit`, one job each for the first `limit` keys (with
+-- 10,000 keys, locking a job of every scanned key cost more than the claim). The parts add up to `limit` at
+-- most: no job is locked that the claim does not take, and nothing is left to sort or cut after the picks.
+flow_shares AS (
+    SELECT a.*, row_number() OVER (ORDER BY a.pos) AS rank, count(*) OVER () AS keys
+    FROM flow_allowance a WHERE a.allowed > 0
+),
 flow_picked AS (
-    SELECT c.id, a.limit_key, a.pos,
-           row_number() OVER (PARTITION BY a.limit_key ORDER BY c.priority, c.run_at, c.id) AS turn
-    -- The first `limit` keys that may start a job: each gives at least one, so no more rows are locked than
-    -- the claim can take (with 10,000 keys, locking a job of every scanned key cost more than the claim).
-    FROM (SELECT * FROM flow_allowance WHERE n > 0 ORDER BY pos LIMIT %(limit)s) a
+    SELECT c.id, a.limit_key, a.pos
+    FROM flow_shares a
     CROSS JOIN LATERAL (
-        SELECT j.id, j.priority, j.run_at FROM outboxq_jobs j
+        SELECT j.id FROM outboxq_jobs j
         WHERE j.queue = %(queue)s AND j.status IN ('queued', 'retrying') AND j.limit_key = a.limit_key
           AND (j.priority, j.run_at, j.id) >= (a.priority, a.run_at, a.id) AND j.run_at <= now()
         ORDER BY j.priority, j.run_at, j.id
-        LIMIT a.n
+        LIMIT least(a.allowed, %(limit)s / a.keys + CASE WHEN a.rank <= %(limit)s %% a.keys THEN 1 ELSE 0 END)
         FOR UPDATE SKIP LOCKED
     ) c
+    WHERE a.rank <= %(limit)s
 ),
-fresh AS (SELECT id FROM flow_picked ORDER BY turn, pos LIMIT %(limit)s),
+fresh AS (SELECT id FROM flow_picked),
 retry AS (SELECT NULL::bigint AS id WHERE false),
 flow_claimed AS (
 """ + _UPDATE_RETURNING + """, j.limit_key
@@ -278,8 +282,7 @@ flow_claimed AS (
 flow_claimed_keys AS (SELECT limit_key, count(*)::int AS n FROM flow_claimed GROUP BY limit_key),"""
     + _STARTS
     + """
-SELECT c.*, (SELECT p.limit_key FROM flow_picked p WHERE p.id IN (SELECT id FROM fresh)
-              ORDER BY p.pos DESC LIMIT 1) AS resume_key
+SELECT c.*, (SELECT p.limit_key FROM flow_picked p ORDER BY p.pos DESC LIMIT 1) AS resume_key
 FROM flow_claimed c
 """
 )
