@@ -177,9 +177,11 @@ def test_a_limit_changed_at_run_time_takes_effect(db_url, tmp_path, capsys):
     worker = _start_worker(db_url, tmp_path / "w.log", "flow_runtime", "--concurrency", "4")
     try:
         wait_for(lambda: _count(db_url, "SELECT count(*) FROM test_flow_runs WHERE finished_at IS NOT NULL") >= 5)
-        assert cli.main(["queues", "limit", "flow_runtime", "--global-concurrency", "3"]) == 0
+        # Read before the change: read after it, a worker that took the new limit at once (it re-reads them every
+        # few seconds) could start 3 jobs before the moment read, and they would count as started before it.
         with psycopg.connect(db_url) as c:
             changed_at = c.execute("SELECT clock_timestamp()").fetchone()[0]
+        assert cli.main(["queues", "limit", "flow_runtime", "--global-concurrency", "3"]) == 0
         wait_for(lambda: _all_done(db_url, "flow_runtime", 60), timeout=60)
     finally:
         _stop(worker)

@@ -232,9 +232,17 @@ flow_keys AS (
     UNION ALL
     SELECT * FROM flow_keys_wrapped WHERE pos <= %(max_keys)s
 ),
+-- Counted per key only when the queue's total could bring a key near its concurrency limit: otherwise every
+-- key may take at least `limit` more, whatever its share of the total (grouping 2,000 running jobs by key cost
+-- twice their count, a tenth of a claim's selection).
+flow_running_total AS (
+    SELECT count(*) AS n FROM outboxq_jobs
+    WHERE status = 'running' AND queue = %(queue)s AND lease_expires_at > clock_timestamp()
+),
 flow_running AS (
     SELECT limit_key, count(*) AS n FROM outboxq_jobs
     WHERE status = 'running' AND queue = %(queue)s AND lease_expires_at > clock_timestamp()
+      AND (SELECT l.global_concurrency - %(reserve)s - t.n < %(limit)s FROM flow_limits l, flow_running_total t)
     GROUP BY limit_key
 ),
 flow_recent AS (
