@@ -367,6 +367,7 @@ class LimitsScenario(_WorkerScenario):
     name = "limits"
     handlers = "outboxq.tools.chaos_limits_handlers"
     fault_kinds = ("kill", "terminate", "pg_restart", "zombie", "pause")
+    _waiting_sessions: list[tuple] = []  # (read as the wait for the last jobs ends)
 
     def ddl(self) -> list[str]:
         from outboxq.tools.chaos_limits_handlers import RUNS_DDL
@@ -436,10 +437,23 @@ class LimitsScenario(_WorkerScenario):
             except psycopg.OperationalError:
                 pass
             time.sleep(0.5)
+        self._waiting_sessions = self._sessions_waiting()
         self._stop_processes()
         self.finish(started)
         self._check()
         return self.result
+
+    def _sessions_waiting(self) -> list[tuple]:
+        """The workers' sessions waiting for a lock or idle in a transaction (what holds unfinished jobs back)."""
+        try:
+            with psycopg.connect(self.url) as conn:
+                return conn.execute(
+                    "SELECT state, wait_event_type || ':' || wait_event, left(query, 60), "
+                    "clock_timestamp() - xact_start FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND pid <> pg_backend_pid() AND (wait_event_type = 'Lock' OR state = 'idle in transaction')"
+                ).fetchall()
+        except psycopg.OperationalError:
+            return []
 
     def _check(self) -> None:
         from outboxq.tools.chaos_limits_handlers import GLOBAL_LIMIT, GLOBAL_QUEUE, KEY_LIMIT, KEY_QUEUE
@@ -451,6 +465,15 @@ class LimitsScenario(_WorkerScenario):
             log = conn.execute("SELECT job_id, attempt, status, lease_token, lease_expires_at, at "
                                "FROM chaos_lease_log ORDER BY id").fetchall()
             runs = conn.execute("SELECT job_id, attempt, started_at, finished_at FROM chaos_limit_runs").fetchall()
+            # What an unfinished job was doing, and what the sessions were waiting for: a failure says why.
+            stuck = conn.execute(
+                "SELECT id, queue, limit_key, status, attempts, run_at - clock_timestamp(), "
+                "lease_expires_at - clock_timestamp() FROM outboxq_jobs WHERE status <> 'done' ORDER BY id LIMIT 5"
+            ).fetchall()
+        if stuck:
+            r.details.append(("unfinished (id, queue, key, status, attempts, due in, lease left)", repr(stuck)))
+            r.details.append(("sessions waiting on a lock or idle in a transaction, as the wait ended",
+                              repr(self._waiting_sessions) or "none"))
         group_of = {job_id: (queue, key if queue == KEY_QUEUE else None) for job_id, _, _, queue, key in jobs}
         tags = {tag for _, tag, _, _, _ in jobs}
         r.jobs = len(self.committed)

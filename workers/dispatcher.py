@@ -196,7 +196,10 @@ class Dispatcher:
         beside it. Otherwise, and for what a shared claim left, in an exclusive one, which counts every job
         running and every start (the slots: outboxq.queue.sql.limits)."""
         jobs: list[ClaimedJob] = []
-        if flow_limits.shares_claim_slots(limits, limit):
+        # Shared only on the dispatcher's own connection, where each claim commits before the next: in a
+        # caller's transaction (the completer's refills) the shared slot would still be held while the exclusive
+        # claim waits for every slot, and two such claims would deadlock.
+        if conn.autocommit and flow_limits.shares_claim_slots(limits, limit):
             jobs = self._claim_in_slot(conn, consumer, limits, limit, shared=True)
             if len(jobs) == limit:
                 return jobs
