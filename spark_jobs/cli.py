@@ -173,7 +173,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = spark_sub.add_parser("bench", help="rows/s of Spark batches against the plain worker path")
     p.add_argument("--jobs", type=int, default=100_000)
     p.add_argument("--batch-size", type=int, default=100_000)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=5, help="alternated rounds; figures are medians (default 5)")
     p.add_argument("--master", default="local[2]")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_spark_bench)

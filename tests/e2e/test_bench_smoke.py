@@ -6,9 +6,13 @@ Speed itself is measured by `outboxq bench`, never asserted here.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from outboxq.cli import build_parser, main
+from outboxq.tools import spark_bench
 from outboxq.tools.bench import claim_plan, render, summarize
 
 TINY = [
@@ -115,3 +119,18 @@ def test_summary_ratios_with_peer_runs():
     ratios = summary["ratios"]
     assert ratios["outboxq_vs_pgqueuer_best"] == 1.25 and ratios["outboxq_vs_pgqueuer_defaults"] == 4
     assert ratios["outboxq_vs_procrastinate_defaults"] == 20 and ratios["outboxq_vs_pgbench_batched_best"] == 0.2
+
+
+def test_spark_bench_warms_both_engines_and_gives_each_rounds_rows_per_second(db_url):
+    # A process of its own: the bench stops its Spark session when it ends.
+    run = subprocess.run([sys.executable, "-m", "outboxq.cli", "spark", "bench", "--jobs", "300",
+                          "--batch-size", "100", "--rounds", "2", "--master", "local[1]", "--json"],
+                         env={**os.environ, "DATABASE_URL": db_url}, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-4000:]
+    results = json.loads(run.stdout)
+    assert set(results["median_rows_per_s"]) == {"spark", "plain"}
+    assert all(rate > 0 for rate in results["median_rows_per_s"].values())
+    assert all(len(times) == spark_bench.WARM_UP_BATCHES for times in results["warm_up_s"].values())
+    for runs in results["runs"].values():
+        assert len(runs) == 2 and all(set(r["steps_s"]) == {"claim", "process", "deliver"} for r in runs)
+    assert "Spark / plain" in results["table"]
