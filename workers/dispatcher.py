@@ -205,7 +205,16 @@ class Dispatcher:
                 return jobs
             # Short: the backlog ran out, or the reserve for the claims beside it held some jobs back.
             limit -= len(jobs)
-        return jobs + self._claim_in_slot(conn, consumer, limits, limit, shared=False)
+        try:
+            return jobs + self._claim_in_slot(conn, consumer, limits, limit, shared=False)
+        except psycopg.Error as exc:
+            if not jobs:
+                raise
+            # The shared claim's jobs are committed as running under its lease: hand them out rather than leave
+            # them to its expiry (and to a retry counted for nothing). The error comes back at the next statement.
+            log.warning("dispatcher: the exclusive claim after a shared one of %s failed (%s); handing out the "
+                        "%d jobs claimed", consumer.queue, exc, len(jobs))
+            return jobs
 
     def _claim_in_slot(self, conn: DictConnection, consumer: Consumer, limits: flow_limits.QueueLimits,
                        limit: int, *, shared: bool) -> list[ClaimedJob]:

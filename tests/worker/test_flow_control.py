@@ -331,7 +331,8 @@ def test_a_claim_far_from_its_limit_runs_beside_one_in_flight_and_one_near_it_wa
     """Claims of a limited queue take a shared slot while the limit leaves room for every claim that may be in
     flight beside them (limits_sql.SHARED_RESERVE): they neither wait for each other nor count on jobs they
     cannot see. A claim that the reserve holds back is made again holding every slot, after the claims in flight
-    have committed, and then gets all that the limit allows."""
+    have committed, and then gets all that the limit allows; should that fail, what the shared claim took is
+    handed out all the same."""
     limit = limits_sql.SHARED_RESERVE + 5
     consumer = Consumer("flow_slots", lambda payload: None, global_concurrency=limit,
                         **({"limit_by": "tenant"} if per_key else {}))
@@ -344,13 +345,20 @@ def test_a_claim_far_from_its_limit_runs_beside_one_in_flight_and_one_near_it_wa
     queue_limits = limits.QueueLimits("flow_slots", global_concurrency=limit, per_key=per_key)
     with psycopg.connect(db_url) as in_flight, worker.state.connect_for_claims() as conn:
         conn.execute("SET lock_timeout = '1s'")  # a claim that waits for the slot held below fails
+
+        def reconnected() -> None:  # what the dispatcher does after an error: a fresh transaction, autocommit
+            conn.rollback()
+            conn.autocommit = True
+
         in_flight.execute(limits_sql.queue_limit_claim_shared, {"queue": "flow_slots", "first_slot": 0})
-        # Beside the claim in flight, a shared slot: 5 jobs leave the reserve free, so no exclusive claim follows.
-        assert len(worker.claim_limited(conn, consumer, queue_limits, 5)) == 5
-        # Now the reserve holds back every job: the claim goes exclusive and waits for the claim in flight.
+        # Beside the claim in flight, a shared slot: 5 jobs leave the reserve free. The rest of the 10 asked for
+        # needs every slot: that claim waits for the one held, and fails; the 5 jobs are handed out all the same.
+        assert len(worker.claim_limited(conn, consumer, queue_limits, 10)) == 5
+        reconnected()
+        # Now the reserve holds back every job: the claim goes exclusive at once and waits for the claim in flight.
         with pytest.raises(psycopg.errors.LockNotAvailable):
             worker.claim_limited(conn, consumer, queue_limits, 5)
-        conn.rollback()
+        reconnected()
         in_flight.rollback()  # the claim in flight ends: the exclusive claim counts 5 running, and takes 5 more
         assert len(worker.claim_limited(conn, consumer, queue_limits, 5)) == 5
     assert _count(db_url, "SELECT count(*) FROM outboxq_jobs WHERE queue = 'flow_slots' AND status = 'running'") == 10
