@@ -473,7 +473,7 @@ class LimitsScenario(_WorkerScenario):
         if stuck:
             r.details.append(("unfinished (id, queue, key, status, attempts, due in, lease left)", repr(stuck)))
             r.details.append(("sessions waiting on a lock or idle in a transaction, as the wait ended",
-                              repr(self._waiting_sessions) or "none"))
+                              repr(self._waiting_sessions) if self._waiting_sessions else "none"))
         group_of = {job_id: (queue, key if queue == KEY_QUEUE else None) for job_id, _, _, queue, key in jobs}
         tags = {tag for _, tag, _, _, _ in jobs}
         r.jobs = len(self.committed)

@@ -49,11 +49,12 @@ FROM generate_series(0, {CLAIM_SLOTS - 1}) AS s
 # for none, a shared claim cannot deadlock with an exclusive one, which waits for each slot in turn.
 queue_limit_claim_shared = f"""
 SELECT coalesce(
-    (SELECT s FROM generate_series(0, {CLAIM_SLOTS - 1}) AS s
+    (SELECT (s + %(first_slot)s) %% {CLAIM_SLOTS} FROM generate_series(0, {CLAIM_SLOTS - 1}) AS s
      WHERE pg_try_advisory_xact_lock({LIMIT_LOCK_CLASS} + (s + %(first_slot)s) %% {CLAIM_SLOTS},
                                      hashtext(%(queue)s))
      LIMIT 1),
-    (SELECT -1 FROM pg_advisory_xact_lock({LIMIT_LOCK_CLASS} + %(first_slot)s, hashtext(%(queue)s)))) AS slot
+    (SELECT %(first_slot)s FROM pg_advisory_xact_lock({LIMIT_LOCK_CLASS} + %(first_slot)s, hashtext(%(queue)s))))
+    AS slot
 """
 
 queue_limits_all = """
@@ -238,6 +239,7 @@ flow_keys AS (
 flow_running_total AS (
     SELECT count(*) AS n FROM outboxq_jobs
     WHERE status = 'running' AND queue = %(queue)s AND lease_expires_at > clock_timestamp()
+      AND (SELECT global_concurrency FROM flow_limits) IS NOT NULL  -- (a rate limit alone counts no running job)
 ),
 flow_running AS (
     SELECT limit_key, count(*) AS n FROM outboxq_jobs
