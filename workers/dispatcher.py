@@ -31,6 +31,13 @@ log = logging.getLogger("outboxq.worker")
 LIMITED_RECHECK_S = 0.05
 
 
+def claim_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A claim's rows in the order the handlers take them: UPDATE ... RETURNING gives none, so claim order
+    (priority first)."""
+    rows.sort(key=lambda r: (r["priority"], r["run_at"], r["id"]))
+    return rows
+
+
 @contextmanager
 def durable_transaction(conn: DictConnection) -> Iterator[None]:
     """Run the block in a pipeline; on the dispatcher's connection (autocommit, commits not waiting for the
@@ -200,13 +207,12 @@ class Dispatcher:
         # caller's transaction (the completer's refills) the shared slot would still be held while the exclusive
         # claim waits for every slot, and two such claims would deadlock.
         if conn.autocommit and flow_limits.shares_claim_slots(limits, limit):
-            jobs = self._claim_in_slot(conn, consumer, limits, limit, shared=True)
-            if len(jobs) == limit:
-                return jobs
-            # Short: the backlog ran out, or the reserve for the claims beside it held some jobs back.
+            jobs, held_back = self._claim_in_slot(conn, consumer, limits, limit, shared=True)
+            if len(jobs) == limit or (jobs and not held_back):
+                return jobs  # (short of jobs, not of room: an exclusive claim would find no more)
             limit -= len(jobs)
         try:
-            return jobs + self._claim_in_slot(conn, consumer, limits, limit, shared=False)
+            return jobs + self._claim_in_slot(conn, consumer, limits, limit, shared=False)[0]
         except psycopg.Error as exc:
             if not jobs:
                 raise
@@ -217,8 +223,18 @@ class Dispatcher:
             return jobs
 
     def _claim_in_slot(self, conn: DictConnection, consumer: Consumer, limits: flow_limits.QueueLimits,
-                       limit: int, *, shared: bool) -> list[ClaimedJob]:
-        """One limited claim, in a shared claim slot or holding them all (committed)."""
+                       limit: int, *, shared: bool) -> tuple[list[ClaimedJob], bool]:
+        """One limited claim, in a shared claim slot or holding them all (committed); its jobs, and whether the
+        reserve for the claims beside it held jobs back (False when it claimed nothing: it cannot tell)."""
+        held_back = False
+
+        def noted(order: Callable[[list[dict[str, Any]]], list[dict[str, Any]]]) -> Any:
+            def note_then_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+                nonlocal held_back
+                held_back = bool(rows[0]["held_back"])
+                return order(rows)
+            return note_then_order
+
         # One round trip for the slot and the claim (a pipeline); still two statements, two snapshots.
         with durable_transaction(conn):
             if shared:
@@ -228,7 +244,9 @@ class Dispatcher:
                 conn.execute(limits_sql.queue_limit_claim_exclusive, {"queue": consumer.queue})
             reserve = {"reserve": limits_sql.SHARED_RESERVE if shared else 0}
             if not limits.per_key:
-                return self.claim(conn, consumer, limit, statement=limits_sql.job_claim_limited, params=reserve)
+                jobs = self.claim(conn, consumer, limit, statement=limits_sql.job_claim_limited, params=reserve,
+                                  order=noted(claim_order))
+                return jobs, held_back
             after_key = self._limit_cursor.get(consumer.queue, "")
 
             def round_robin(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -238,9 +256,10 @@ class Dispatcher:
                 ordered, self._limit_cursor[consumer.queue] = flow_limits.round_robin(rows, after_key)
                 return ordered
 
-            return self.claim(conn, consumer, limit, statement=limits_sql.job_claim_limited_per_key,
+            jobs = self.claim(conn, consumer, limit, statement=limits_sql.job_claim_limited_per_key,
                               params={"after_key": after_key, "max_keys": flow_limits.key_budget(limit), **reserve},
-                              order=round_robin)
+                              order=noted(round_robin))
+            return jobs, held_back
 
     def _claim_from_cursor(self, conn: DictConnection, queue: str, statement: str,
                            values: dict[str, Any]) -> list[dict[str, Any]]:
@@ -316,11 +335,7 @@ class Dispatcher:
             return []
         if rows[0]["queue_failing"]:
             s.failing_queues.add(consumer.queue)
-        # UPDATE ... RETURNING gives no order: hand jobs to the handlers in claim order (priority first).
-        if order is None:
-            rows.sort(key=lambda r: (r["priority"], r["run_at"], r["id"]))
-        else:
-            rows = order(rows)
+        rows = (order or claim_order)(rows)
         jobs = []
         for r in rows:
             payload = r["payload"] if r["payload_bytes"] is None else bytes(r["payload_bytes"])

@@ -362,3 +362,25 @@ def test_a_claim_far_from_its_limit_runs_beside_one_in_flight_and_one_near_it_wa
         in_flight.rollback()  # the claim in flight ends: the exclusive claim counts 5 running, and takes 5 more
         assert len(worker.claim_limited(conn, consumer, queue_limits, 5)) == 5
     assert _count(db_url, "SELECT count(*) FROM outboxq_jobs WHERE queue = 'flow_slots' AND status = 'running'") == 10
+
+
+@pytest.mark.parametrize("per_key", [False, True])
+def test_a_shared_claim_short_of_jobs_not_of_room_returns_them_without_an_exclusive_claim(db_url, per_key):
+    """A shared claim that the backlog cut short (3 jobs for 10 asked, far from the limit) hands them out at
+    once: an exclusive claim would wait for the claims in flight and find nothing more."""
+    limit = limits_sql.SHARED_RESERVE + 1000
+    consumer = Consumer("flow_short", lambda payload: None, global_concurrency=limit,
+                        **({"limit_by": "tenant"} if per_key else {}))
+    with psycopg.connect(db_url) as conn:
+        enqueue_many(conn, "flow_short", [{"tenant": "a"} for _ in range(3)],
+                     **({"limit_keys": ["a"] * 3} if per_key else {}))
+        limits.declare(conn, consumer.limits)
+        conn.commit()
+    worker = Worker([consumer], url=db_url, run_maintenance=False, listen=False)
+    queue_limits = limits.QueueLimits("flow_short", global_concurrency=limit, per_key=per_key)
+    with psycopg.connect(db_url) as in_flight, worker.state.connect_for_claims() as conn:
+        conn.execute("SET lock_timeout = '1s'")
+        in_flight.execute(limits_sql.queue_limit_claim_shared, {"queue": "flow_short", "first_slot": 0})
+        assert len(worker.claim_limited(conn, consumer, queue_limits, 10)) == 3
+        # No exclusive claim waited for the slot held and failed: the connection is as a claim leaves it.
+        assert conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE

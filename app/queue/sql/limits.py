@@ -14,7 +14,9 @@ unchanged. A limited queue's claim is two statements in one transaction:
      claims in flight beside it may have taken, SHARED_RESERVE, out of its allowance: a limit is never
      exceeded, and a claim far from every limit does not queue behind the others (one lock per queue made the
      claims of a limit that did not bind take turns: 0.88 of the unlimited drain with two worker processes).
-   A claim that its reserve cuts short is followed by an exclusive one (outboxq.workers.dispatcher).
+   Its rows say whether the reserve cut its allowance below what it asked for (`held_back`): a claim so cut
+   short, or one that found nothing, is followed by an exclusive one (outboxq.workers.dispatcher); one that the
+   backlog cut short is not.
 2. `job_claim_limited` (no limit_by) or `job_claim_limited_per_key` (limit_by): count, claim within the
    allowance (less `reserve`: SHARED_RESERVE in a shared slot, 0 in an exclusive claim), and log the starts
    of rate-limited queues, in one statement.
@@ -170,15 +172,15 @@ flow_forgotten AS (
 job_claim_limited = (
     "WITH " + _LIMITS.strip() + """,
 flow_allowance AS (
-    SELECT greatest(0, least(
-        %(limit)s,
-        l.global_concurrency - %(reserve)s - (SELECT count(*) FROM outboxq_jobs
-                                             WHERE status = 'running' AND queue = %(queue)s
-                                               AND lease_expires_at > clock_timestamp()),
-        l.rate_limit_count - %(reserve)s - (SELECT coalesce(sum(starts), 0) FROM outboxq_limit_starts
-                                           WHERE queue = %(queue)s AND started_at > clock_timestamp() - l.rate_window)
-    ))::int AS n
-    FROM flow_limits l
+    SELECT greatest(0, least(%(limit)s, r.room))::int AS n, %(reserve)s > 0 AND r.room < %(limit)s AS held_back
+    FROM (SELECT least(
+              l.global_concurrency - %(reserve)s - (SELECT count(*) FROM outboxq_jobs
+                                                   WHERE status = 'running' AND queue = %(queue)s
+                                                     AND lease_expires_at > clock_timestamp()),
+              l.rate_limit_count - %(reserve)s - (SELECT coalesce(sum(starts), 0) FROM outboxq_limit_starts
+                                                 WHERE queue = %(queue)s
+                                                   AND started_at > clock_timestamp() - l.rate_window)) AS room
+          FROM flow_limits l) r
 ),
 """
     + sql.job_claim_batch.strip()
@@ -189,7 +191,7 @@ flow_allowance AS (
 ),
 flow_claimed_keys AS (SELECT '' AS limit_key, count(*)::int AS n FROM flow_claimed HAVING count(*) > 0),"""
     + _STARTS
-    + "\nSELECT * FROM flow_claimed\n"
+    + "\nSELECT c.*, (SELECT held_back FROM flow_allowance) AS held_back FROM flow_claimed c\n"
 )
 
 # limit_by: the distinct keys with claimable jobs, found by a skip scan of outboxq_jobs_limit_key_idx that
@@ -292,7 +294,8 @@ flow_claimed AS (
 flow_claimed_keys AS (SELECT limit_key, count(*)::int AS n FROM flow_claimed GROUP BY limit_key),"""
     + _STARTS
     + """
-SELECT c.*, (SELECT p.limit_key FROM flow_picked p ORDER BY p.pos DESC LIMIT 1) AS resume_key
+SELECT c.*, (SELECT p.limit_key FROM flow_picked p ORDER BY p.pos DESC LIMIT 1) AS resume_key,
+       (SELECT %(reserve)s > 0 AND bool_or(a.allowed < %(limit)s) FROM flow_allowance a) AS held_back
 FROM flow_claimed c
 """
 )
