@@ -326,6 +326,20 @@ def test_a_per_key_claim_hands_out_jobs_round_robin_and_resumes_after_the_last_k
         assert worker.dispatcher._limit_cursor["flow_rr"] == "a"
 
 
+def _limited_queue(db_url, queue, limit, jobs, per_key):
+    """A queue limited to `limit` running (per key: one key, "a"), `jobs` queued; its consumer, a worker (not
+    started) and the limits."""
+    consumer = Consumer(queue, lambda payload: None, global_concurrency=limit,
+                        **({"limit_by": "tenant"} if per_key else {}))
+    with psycopg.connect(db_url) as conn:
+        enqueue_many(conn, queue, [{"tenant": "a"} for _ in range(jobs)],
+                     **({"limit_keys": ["a"] * jobs} if per_key else {}))
+        limits.declare(conn, consumer.limits)
+        conn.commit()
+    worker = Worker([consumer], url=db_url, run_maintenance=False, listen=False)
+    return consumer, worker, limits.QueueLimits(queue, global_concurrency=limit, per_key=per_key)
+
+
 @pytest.mark.parametrize("per_key", [False, True])
 def test_a_claim_far_from_its_limit_runs_beside_one_in_flight_and_one_near_it_waits_for_it(db_url, per_key):
     """Claims of a limited queue take a shared slot while the limit leaves room for every claim that may be in
@@ -333,16 +347,8 @@ def test_a_claim_far_from_its_limit_runs_beside_one_in_flight_and_one_near_it_wa
     cannot see. A claim that the reserve holds back is made again holding every slot, after the claims in flight
     have committed, and then gets all that the limit allows; should that fail, what the shared claim took is
     handed out all the same."""
-    limit = limits_sql.SHARED_RESERVE + 5
-    consumer = Consumer("flow_slots", lambda payload: None, global_concurrency=limit,
-                        **({"limit_by": "tenant"} if per_key else {}))
-    with psycopg.connect(db_url) as conn:
-        enqueue_many(conn, "flow_slots", [{"tenant": "a"} for _ in range(12)],
-                     **({"limit_keys": ["a"] * 12} if per_key else {}))
-        limits.declare(conn, consumer.limits)
-        conn.commit()
-    worker = Worker([consumer], url=db_url, run_maintenance=False, listen=False)
-    queue_limits = limits.QueueLimits("flow_slots", global_concurrency=limit, per_key=per_key)
+    consumer, worker, queue_limits = _limited_queue(db_url, "flow_slots", limits_sql.SHARED_RESERVE + 5, 12,
+                                                    per_key)
     with psycopg.connect(db_url) as in_flight, worker.state.connect_for_claims() as conn:
         conn.execute("SET lock_timeout = '1s'")  # a claim that waits for the slot held below fails
 
@@ -368,16 +374,8 @@ def test_a_claim_far_from_its_limit_runs_beside_one_in_flight_and_one_near_it_wa
 def test_a_shared_claim_short_of_jobs_not_of_room_returns_them_without_an_exclusive_claim(db_url, per_key):
     """A shared claim that the backlog cut short (3 jobs for 10 asked, far from the limit) hands them out at
     once: an exclusive claim would wait for the claims in flight and find nothing more."""
-    limit = limits_sql.SHARED_RESERVE + 1000
-    consumer = Consumer("flow_short", lambda payload: None, global_concurrency=limit,
-                        **({"limit_by": "tenant"} if per_key else {}))
-    with psycopg.connect(db_url) as conn:
-        enqueue_many(conn, "flow_short", [{"tenant": "a"} for _ in range(3)],
-                     **({"limit_keys": ["a"] * 3} if per_key else {}))
-        limits.declare(conn, consumer.limits)
-        conn.commit()
-    worker = Worker([consumer], url=db_url, run_maintenance=False, listen=False)
-    queue_limits = limits.QueueLimits("flow_short", global_concurrency=limit, per_key=per_key)
+    consumer, worker, queue_limits = _limited_queue(db_url, "flow_short", limits_sql.SHARED_RESERVE + 1000, 3,
+                                                    per_key)
     with psycopg.connect(db_url) as in_flight, worker.state.connect_for_claims() as conn:
         conn.execute("SET lock_timeout = '1s'")
         in_flight.execute(limits_sql.queue_limit_claim_shared, {"queue": "flow_short", "first_slot": 0})
