@@ -323,19 +323,16 @@ def _siblings_public(jobs: SiblingJobs) -> list[dict[str, Any]]:
     first = _job_public(jobs[0], {})
     out: list[dict[str, Any]] = []
     append = out.append
-    if not any(isinstance(job.payload, _BINARY) for job in jobs):
-        # Every payload is JSON already (the usual batch): its encoding is the first job's, and no call per job
-        # asks (0.26 -> 0.16 ms for 1,000 jobs).
-        for job in jobs:
-            one = first.copy()
-            one["id"] = job.id
-            one["payload"] = job.payload
-            append(one)
-        return out
+    # When every payload is JSON already (the usual batch), its encoding is the first job's, and no call per job
+    # asks (0.26 -> 0.16 ms for 1,000 jobs).
+    binary = any(isinstance(job.payload, _BINARY) for job in jobs)
     for job in jobs:
         one = first.copy()
         one["id"] = job.id
-        one["payload"], one["payload_encoding"] = _public_payload(job.payload)
+        if binary:
+            one["payload"], one["payload_encoding"] = _public_payload(job.payload)
+        else:
+            one["payload"] = job.payload
         append(one)
     return out
 
