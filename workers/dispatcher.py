@@ -17,6 +17,7 @@ from psycopg.pq import TransactionStatus
 from outboxq.db import DictConnection
 from outboxq.queue import limits as flow_limits
 from outboxq.queue import sql
+from outboxq.queue.jobs import CLAIM_ORDER
 from outboxq.queue.sql import limits as limits_sql
 from outboxq.workers.claim_cursor import FROM_THE_FRONT, ClaimCursors
 from outboxq.workers.context import JobContext
@@ -34,7 +35,7 @@ LIMITED_RECHECK_S = 0.05
 def claim_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A claim's rows in the order the handlers take them: UPDATE ... RETURNING gives none, so claim order
     (priority first)."""
-    rows.sort(key=lambda r: (r["priority"], r["run_at"], r["id"]))
+    rows.sort(key=CLAIM_ORDER)
     return rows
 
 

@@ -8,12 +8,14 @@ them without a restart. The statements are in sql/limits.py.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from outboxq.errors import InvalidInput, InvalidLimit
+from outboxq.queue.jobs import CLAIM_ORDER
 from outboxq.queue.sql import limits as limits_sql
 
 RATE_PERIODS_S = {"s": 1.0, "m": 60.0, "h": 3600.0}
@@ -114,16 +116,12 @@ def round_robin(rows: list[dict[str, Any]], after_key: str) -> tuple[list[dict[s
     `after_key` first (then wrapping around). The next claim resumes after the last key the claim's scan served
     (its `resume_key`, in the database's collation: Python's string order, used here only to interleave the
     keys, need not match it)."""
-    keys = sorted({r["limit_key"] for r in rows}, key=lambda k: (k <= after_key, k))
-    pos = {k: i for i, k in enumerate(keys)}
-    seen: dict[str, int] = {}
-    turns = []
-    for r in sorted(rows, key=lambda r: (r["priority"], r["run_at"], r["id"])):
-        key = r["limit_key"]
-        seen[key] = turn = seen.get(key, 0) + 1
-        turns.append((turn, pos[key], r))
-    turns.sort(key=lambda t: (t[0], t[1]))
-    return [r for _, _, r in turns], rows[0]["resume_key"] if rows else after_key
+    by_key: dict[str, list[dict[str, Any]]] = {}
+    for r in sorted(rows, key=CLAIM_ORDER):
+        by_key.setdefault(r["limit_key"], []).append(r)
+    keys = sorted(by_key, key=lambda k: (k <= after_key, k))
+    turns = itertools.zip_longest(*(by_key[k] for k in keys))  # (every key's first job), (every second), ...
+    return [r for turn in turns for r in turn if r is not None], rows[0]["resume_key"] if rows else after_key
 
 
 def shares_claim_slots(limits: QueueLimits, limit: int) -> bool:
