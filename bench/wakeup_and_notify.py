@@ -1,4 +1,4 @@
-"""Enqueue throughput with and without the NOTIFY trigger, and the wake-up latency of an idle worker.
+"""Enqueue throughput with and without its NOTIFY, and the wake-up latency of an idle worker.
 
     python bench/wakeup_and_notify.py [--url postgresql://root@127.0.0.1:5432/postgres]
                                       [--jobs 3000] [--samples 200] [--connections 1,4]
@@ -6,8 +6,8 @@
 Works in a scratch database (created, migrated, dropped) on the server of --url (default: DATABASE_URL,
 else the embedded PostgreSQL).
 
-- throughput: `enqueue` of one job + COMMIT per job, on `c` connections in parallel, with the
-  `outboxq_jobs_notify_new` trigger enabled, then disabled (ALTER TABLE ... DISABLE TRIGGER);
+- throughput: `enqueue` of one job + COMMIT per job, on `c` connections in parallel, with its INSERT's
+  notification (sql.jobs.NOTIFY_IF_READY), then with that expression replaced by NULL (in this process only);
 - latency: an idle Worker (poll_interval=30 s, so only NOTIFY can wake it) and `samples` jobs enqueued one
   at a time; latency = enqueue+commit start -> handler start.
 """
@@ -29,9 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from outboxq import enqueue  # noqa: E402
 from outboxq.db import database_url, url_with_database  # noqa: E402
-from outboxq.queue import migrate
+from outboxq.queue import migrate, sql  # noqa: E402
 from outboxq.workers.registry import Consumer  # noqa: E402
 from outboxq.workers.runner import Worker  # noqa: E402
+
+JOB_INSERT = sql.job_insert
 
 
 def throughput(url: str, jobs: int, connections: int) -> float:
@@ -56,9 +58,11 @@ def throughput(url: str, jobs: int, connections: int) -> float:
     return per_conn * connections / (time.perf_counter() - start)
 
 
-def set_trigger(url: str, enabled: bool) -> None:
+def set_notify(url: str, enabled: bool) -> None:
+    """enqueue's INSERT with its notification, or (this process only, for the measure) without it; an empty
+    table either way."""
+    sql.job_insert = JOB_INSERT if enabled else JOB_INSERT.replace(sql.NOTIFY_IF_READY, "NULL")
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f"ALTER TABLE outboxq_jobs {'ENABLE' if enabled else 'DISABLE'} TRIGGER outboxq_jobs_notify_new")
         conn.execute("TRUNCATE outboxq_jobs CASCADE")
         conn.execute("VACUUM ANALYZE outboxq_jobs")
 
@@ -120,13 +124,13 @@ def main() -> int:
         for connections in [int(c) for c in args.connections.split(",")]:
             rates = {}
             for enabled in (True, False, True, False):  # interleaved, best of two each
-                set_trigger(url, enabled)
+                set_notify(url, enabled)
                 rate = throughput(url, args.jobs, connections)
                 rates[enabled] = max(rates.get(enabled, 0.0), rate)
             on, off = rates[True], rates[False]
-            print(f"  {connections} connection(s): with NOTIFY trigger {on:7.0f} jobs/s, "
+            print(f"  {connections} connection(s): with NOTIFY {on:7.0f} jobs/s, "
                   f"without {off:7.0f} jobs/s  (notify costs {100 * (off - on) / off:4.1f} %)")
-        set_trigger(url, True)
+        set_notify(url, True)
         latencies = [x * 1000 for x in wakeup_latencies(url, args.samples)]
         print(f"wake-up latency, idle worker (poll_interval 30 s), {len(latencies)} samples, ms: "
               f"p50 {statistics.median(latencies):.2f}  p90 {percentile(latencies, 0.90):.2f}  "

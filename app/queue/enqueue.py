@@ -642,6 +642,8 @@ def _copy_jobs(queue: str, payloads: list[Any], encoded: list[tuple[str | None, 
         columns.append("limit_key")
         values.append(limit_keys)
     yield Copy(sql.job_copy(tuple(columns)), zip(*values, strict=False))  # (the repeats are endless)
+    if due <= now:
+        yield Statement(sql.job_notify_ready, {"queue": queue}, rows="none")
     return queued_jobs(ids, payloads, queue=queue, priority=priority, run_at=due, max_attempts=max_attempts,
                        context=json.loads(context) if context else None, created_at=now)
 

@@ -301,7 +301,6 @@ secrets = Table(
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
 
-# DDL that SQLAlchemy metadata cannot express: the wake-up notification for new work.
 # Where `outboxq migrate` records its revision: a table of its own, never the application's alembic_version.
 VERSION_TABLE = "outboxq_alembic_version"
 
@@ -309,6 +308,8 @@ NOTIFY_CHANNEL = "outboxq_jobs"
 # Sent on NOTIFY_CHANNEL when a running job's cancel is requested (no queue name can contain "!").
 CANCEL_NOTICE = "!cancel"
 
+# The trigger that sent the wake-up notification for new jobs from migration 0001 to 0006 (0007 drops it: the
+# statements that write jobs notify, sql.jobs.NOTIFY_IF_READY). Kept for those migrations, up and down.
 NOTIFY_FUNCTION_DDL = f"""
 CREATE OR REPLACE FUNCTION outboxq_notify_new_jobs() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN

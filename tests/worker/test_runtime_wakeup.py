@@ -10,8 +10,9 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 
-from outboxq import enqueue
+from outboxq import enqueue, enqueue_many
 from outboxq.testing import TestQueue
 from outboxq.workers.registry import Consumer, register
 from outboxq.workers.runner import Worker
@@ -19,13 +20,13 @@ from tests.handlers_runtime import isolated_registry  # noqa: F401
 from tests.support import wait_for
 
 
-def _measure_latencies(db_url, worker, started, samples):
+def _measure_latencies(db_url, worker, started, samples, write=enqueue):
     latencies = []
     with psycopg.connect(db_url) as conn:
         for i in range(samples):
             time.sleep(0.05)  # let the worker go idle again
             t0 = time.monotonic()
-            enqueue(conn, worker_queue(worker), {"i": i})
+            write(conn, worker_queue(worker), {"i": i})
             conn.commit()
             wait_for(lambda i=i: i in started, timeout=10, interval=0.001)
             latencies.append(started[i] - t0)
@@ -52,16 +53,39 @@ def test_idle_worker_with_long_poll_interval_starts_a_new_job_within_a_second_th
     assert max(latencies) < 1.0  # far below the 30 s poll interval
 
 
-def test_worker_still_finds_jobs_by_polling_when_notifications_are_lost(db_url):
-    with psycopg.connect(db_url) as conn:
-        conn.execute("ALTER TABLE outboxq_jobs DISABLE TRIGGER outboxq_jobs_notify_new")
+def _insert_without_notification(conn, queue, payload):
+    """A job written by plain SQL (not by enqueue): no notification goes out for it."""
+    conn.execute("INSERT INTO outboxq_jobs (queue, payload) VALUES (%s, %s)", (queue, Jsonb(payload)))
+
+
+def test_enqueue_notifies_on_commit_only_and_a_plain_insert_does_not(db_url):
+    """The statements that write jobs send the wake-up notification (delivered at COMMIT, never on rollback);
+    a delayed job sends none."""
+    with psycopg.connect(db_url, autocommit=True) as listener, psycopg.connect(db_url) as conn:
+        listener.execute("LISTEN outboxq_jobs")
+        enqueue(conn, "notified", {"i": 1})
+        enqueue(conn, "later", {"i": 2}, delay=60)
+        _insert_without_notification(conn, "silent", {"i": 3})
+        assert [n.payload for n in listener.notifies(timeout=0.3, stop_after=1)] == []  # not committed yet
         conn.commit()
+        assert [n.payload for n in listener.notifies(timeout=1, stop_after=1)] == ["notified"]
+        assert [n.payload for n in listener.notifies(timeout=0.3, stop_after=1)] == []
+        enqueue(conn, "rolled_back", {"i": 4})
+        enqueue_many(conn, "many", [{"i": 5}, {"i": 6}])
+        conn.rollback()
+        enqueue_many(conn, "many", [{"i": 5}, {"i": 6}])
+        conn.commit()
+        assert [n.payload for n in listener.notifies(timeout=1, stop_after=1)] == ["many"]
+        assert [n.payload for n in listener.notifies(timeout=0.3, stop_after=1)] == []
+
+
+def test_worker_still_finds_jobs_by_polling_when_notifications_are_lost(db_url):
     started: dict[int, float] = {}
     consumer = Consumer("lost", lambda p, ctx: started.setdefault(p["i"], time.monotonic()))
     worker = Worker([consumer], url=db_url, poll_interval=0.5).start()
     try:
         assert worker.listener.ready.wait(5)
-        latencies = _measure_latencies(db_url, worker, started, 4)
+        latencies = _measure_latencies(db_url, worker, started, 4, write=_insert_without_notification)
     finally:
         worker.stop(timeout=5)
     print(f"\nno NOTIFY, poll_interval 0.5 s: latencies ms {[round(x * 1000) for x in latencies]}")

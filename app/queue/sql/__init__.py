@@ -24,9 +24,10 @@ from outboxq.queue.sql.schema_version import *  # noqa: F403
 from outboxq.queue.sql.secrets import *  # noqa: F403
 from outboxq.queue.sql.stats import *  # noqa: F403
 
-# outboxq's table names, longest first so that outboxq_jobs never matches inside outboxq_jobs_x.
+# outboxq's table names, longest first so that outboxq_jobs never matches inside outboxq_jobs_x; not after a
+# quote: 'outboxq_jobs' is also the notification channel's name (schema.NOTIFY_CHANNEL), a string to keep.
 _TABLE_NAME = re.compile(
-    r"(?<![\w.\"])(" + "|".join(sorted([*metadata.tables, VERSION_TABLE], key=len, reverse=True)) + r")\b"
+    r"(?<![\w.\"'])(" + "|".join(sorted([*metadata.tables, VERSION_TABLE], key=len, reverse=True)) + r")\b"
 )
 
 

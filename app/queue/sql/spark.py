@@ -193,14 +193,14 @@ RETURNING id
 
 # A handled error, Cues-style: the bad job's payload and error go to the error queue (in the delivery's
 # transaction), and the job itself is dead at once: a malformed payload does not fix itself by retrying.
-spark_error_queue_insert = """
+spark_error_queue_insert = f"""
 INSERT INTO outboxq_jobs (queue, status, payload)
 SELECT %(error_queue)s, 'queued',
        jsonb_build_object('job_id', j.id, 'queue', j.queue, 'payload', j.payload, 'error', f.error,
                           'delivery_hash', %(delivery_hash)s::text)
 FROM unnest(%(ids)s::bigint[], %(errors)s::text[]) AS f(id, error)
 JOIN outboxq_jobs j ON j.id = f.id AND j.lease_token = %(lease_token)s AND j.status = 'running'
-RETURNING id
+RETURNING id, {job_sql.NOTIFY_IF_READY} AS notified
 """
 
 # ---------------------------------------------------------------- output tables (in the results schema)
