@@ -52,6 +52,7 @@ DB_PREFIX = "outboxq_bench"
 SUB_BENCHMARKS = ("drain", "enqueue", "latency", "backlog", "manyqueues", "deadrows")
 MANY_QUEUES = 50
 DONE_POLL_S = 0.005
+SINGLE_ENQUEUE_BLOCKS = 6  # outboxq's and PgQueuer's single enqueue alternate in this many blocks each
 
 
 def flow_drains(jobs: int) -> list[tuple[str, str, int, dict[str, Any]]]:
@@ -757,6 +758,28 @@ class Bench:
         return {"http_batch_1k_per_s": median(rates), "http_minimal_batch_1k_per_s": median(minimal_rates),
                 "python_batch_1k_interleaved_per_s": median(python_rates)}
 
+    def enqueue_single_alternating(self) -> dict[str, Any]:
+        """outboxq's enqueue (autocommit: one round trip) and PgQueuer's single enqueue, each call its own
+        transaction, in alternating blocks from fresh driver processes: both figures from the same minutes. Run
+        minutes apart, the two rates moved by up to a third between runs (a commit waits for the disk, and its
+        time drifts); alternated, their ratio holds still."""
+        systems = ("outboxq", "pgqueuer")
+        urls = {system: self.fresh_db(system, "single") for system in systems}
+        rates: dict[str, list[float]] = {system: [] for system in systems}
+        per_block = max(1, self.args.peer_enqueue_calls // SINGLE_ENQUEUE_BLOCKS)
+        for block in range(SINGLE_ENQUEUE_BLOCKS):
+            self.progress.update(f"single enqueue, alternating: block {block + 1}/{SINGLE_ENQUEUE_BLOCKS}", force=True)
+            for system in systems if block % 2 == 0 else reversed(systems):
+                result = self.driver(system, "enqueue_single", urls[system], n=per_block,
+                                     autocommit=True).wait_result(600)
+                rates[system].append(result["jobs_per_s"])
+        out = {f"{system}_per_s": median(rates[system]) for system in systems}
+        out["outboxq_vs_pgqueuer"] = ratio(out["outboxq_per_s"], out["pgqueuer_per_s"])
+        self.progress.done(f"single enqueue, alternating: outboxq {out['outboxq_per_s']:,.0f}/s, pgqueuer "
+                           f"{out['pgqueuer_per_s']:,.0f}/s ({out['outboxq_vs_pgqueuer']:.2f}x; blocks "
+                           f"{[round(x) for x in rates['outboxq']]} / {[round(x) for x in rates['pgqueuer']]})")
+        return out
+
     def enqueue_peer(self, system: str) -> dict[str, Any]:
         """The peer's single-job enqueue (one transaction each) and its batch enqueue."""
         url = self.fresh_db(system, "enqueue")
@@ -925,6 +948,7 @@ class Bench:
         if "enqueue" in wanted:
             steps.append(("enqueue", "outboxq", self.enqueue_outboxq))
             if args.compare:
+                steps.append(("enqueue", "single_alternating", self.enqueue_single_alternating))
                 steps.append(("enqueue", "pgqueuer", lambda: self.enqueue_peer("pgqueuer")))
                 steps.append(("enqueue", "procrastinate", lambda: self.enqueue_peer("procrastinate")))
         if "manyqueues" in wanted:  # the claims are per queue: what fifty queues cost against one
@@ -1100,6 +1124,8 @@ def summarize(collected: dict[str, dict[str, list[Any]]]) -> dict[str, Any]:
                                                              enqueue.get(peer, {}).get("enqueue_commit_per_s"))
             ratios[f"enqueue_many_vs_{peer}"] = ratio(enqueue["outboxq"].get("enqueue_many_10k_per_s"),
                                                        enqueue.get(peer, {}).get("batch_10k_per_s"))
+    if enqueue.get("single_alternating"):
+        ratios["enqueue_single_alternating_vs_pgqueuer"] = enqueue["single_alternating"].get("outboxq_vs_pgqueuer")
     latency = summary.get("latency", {})
     for peer in ("pgqueuer", "procrastinate"):
         if latency.get("outboxq") and latency.get(peer):
@@ -1175,6 +1201,11 @@ def render(results: dict[str, Any]) -> str:
                              f"{_num(enqueue[peer].get('enqueue_commit_per_s'))} |")
                 lines.append(f"| {peer} batch enqueue, 10,000-job batches (jobs/s) | "
                              f"{_num(enqueue[peer].get('batch_10k_per_s'))} |")
+        if enqueue.get("single_alternating"):
+            a = enqueue["single_alternating"]
+            lines += [f"| single enqueue, alternating blocks: outboxq (autocommit) | {_num(a.get('outboxq_per_s'))} |",
+                      f"| single enqueue, alternating blocks: pgqueuer | {_num(a.get('pgqueuer_per_s'))} |",
+                      f"| ratio outboxq / pgqueuer (alternating blocks) | {_num(a.get('outboxq_vs_pgqueuer'), 2)} |"]
         lines.append("")
     latency = s.get("latency", {})
     if latency:

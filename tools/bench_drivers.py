@@ -150,17 +150,19 @@ def outboxq_fill(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def outboxq_enqueue_single(spec: dict[str, Any]) -> dict[str, Any]:
-    """`n` calls of enqueue + commit on one connection."""
+    """`n` calls of enqueue + commit on one connection; with spec["autocommit"], of enqueue on an autocommit
+    connection (each call its own transaction, one round trip: how the peers' single enqueue runs)."""
     import psycopg
 
     from outboxq.queue.enqueue import enqueue
 
-    n = spec["n"]
-    with psycopg.connect(spec["url"]) as conn:
+    n, autocommit = spec["n"], bool(spec.get("autocommit"))
+    with psycopg.connect(spec["url"], autocommit=autocommit) as conn:
         started = time.perf_counter()
         for i in range(n):
             enqueue(conn, QUEUE, {"i": i})
-            conn.commit()
+            if not autocommit:
+                conn.commit()
         elapsed = time.perf_counter() - started
     return {"n": n, "seconds": elapsed, "jobs_per_s": n / elapsed}
 

@@ -134,3 +134,21 @@ def test_spark_bench_warms_both_engines_and_gives_each_rounds_rows_per_second(db
     for runs in results["runs"].values():
         assert len(runs) == 2 and all(set(r["steps_s"]) == {"claim", "process", "deliver"} for r in runs)
     assert "Spark / plain" in results["table"]
+
+
+def test_the_single_enqueue_driver_on_autocommit_commits_every_call(db_url):
+    """`outboxq bench enqueue --compare` alternates this driver with PgQueuer's single enqueue: each call its
+    own transaction, committed as it returns (visible to another connection)."""
+    import psycopg
+
+    from outboxq.tools import bench_drivers
+
+    def written() -> int:
+        with psycopg.connect(db_url) as conn:
+            return conn.execute("SELECT count(*) FROM outboxq_jobs WHERE queue = %s",
+                                (bench_drivers.QUEUE,)).fetchone()[0]
+
+    before = written()
+    result = bench_drivers.outboxq_enqueue_single({"url": db_url, "n": 5, "autocommit": True})
+    assert result["n"] == 5 and result["jobs_per_s"] > 0
+    assert written() - before == 5
