@@ -64,7 +64,7 @@ def serve(port: int) -> None:
 
         setattr(module, name, wrapper)
 
-    for name in ("check_dependency_count", "enqueue_many", "jobs_public", "idempotent_write"):
+    for name in ("check_dependency_count", "enqueue_many_written", "jobs_public", "idempotent_write"):
         timed(routes, name)
 
     @contextmanager

@@ -51,6 +51,7 @@ def serve(settings: Settings | None = None) -> None:
     # long enough to reach the oldest generation), and a few ms frozen.
     gc.collect()
     gc.freeze()
+    # (http and loop stay "auto": httptools and uvloop, dependencies of outboxq, where they install.)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", access_log=False,
                 timeout_graceful_shutdown=10)
 

@@ -21,7 +21,7 @@ from psycopg.rows import dict_row
 from outboxq.errors import DuplicateJob, InvalidInput, InvalidPayload, UnknownDependency
 from outboxq.queue import context as job_context
 from outboxq.queue import sql
-from outboxq.queue.jobs import Job, JobStatus, queued_jobs
+from outboxq.queue.jobs import Job, JobStatus, QueuedBatch
 from outboxq.queue.limits import limit_key_of, validate_limit_key
 from outboxq.registry import PayloadHooks, Registry, default_registry
 from outboxq.settings import get_settings
@@ -571,7 +571,13 @@ def enqueue_many(
     plan = _enqueue_many_plan(queue, payloads, keys=keys, run_at=run_at, delay=delay, priority=priority,
                               max_attempts=max_attempts, limit_keys=limit_keys, unique=unique,
                               on_conflict=on_conflict, registry=registry)
-    return _run_plan(conn, plan)
+    return _as_jobs(_run_plan(conn, plan))
+
+
+def enqueue_many_written(conn: Any, queue: str, payloads: Iterable[Any], **options: Any) -> QueuedBatch | list[Job]:
+    """enqueue_many (the same options) for a caller that needs no Job objects (the API, which answers in JSON):
+    key-less jobs come back as a QueuedBatch, their ids and what they share."""
+    return _run_plan(conn, _enqueue_many_plan(queue, payloads, **options))
 
 
 async def enqueue_many_async(
@@ -593,7 +599,12 @@ async def enqueue_many_async(
     plan = _enqueue_many_plan(queue, payloads, keys=keys, run_at=run_at, delay=delay, priority=priority,
                               max_attempts=max_attempts, limit_keys=limit_keys, unique=unique,
                               on_conflict=on_conflict, registry=registry)
-    return await _run_plan_async(conn, plan)
+    return _as_jobs(await _run_plan_async(conn, plan))
+
+
+def _as_jobs(written: QueuedBatch | list[Job]) -> list[Job]:
+    """The Jobs a many-job plan wrote."""
+    return written.jobs() if isinstance(written, QueuedBatch) else written
 
 
 def _written_job(row: dict[str, Any], queue: str, payload: Any, *, priority: int, max_attempts: int | None,
@@ -607,8 +618,8 @@ def _written_job(row: dict[str, Any], queue: str, payload: Any, *, priority: int
 def _copy_jobs(queue: str, payloads: list[Any], encoded: list[tuple[str | None, bytes | None]], *,
                priority: int, run_at: datetime | None, delay_s: float | None, max_attempts: int | None,
                context: str | None, limit_keys: list[str | None]
-               ) -> Generator[Statement | Copy | InTransaction, Any, list[Job]]:
-    """Write key-less jobs with COPY (no key can conflict) and return them.
+               ) -> Generator[Statement | Copy | InTransaction, Any, QueuedBatch]:
+    """Write key-less jobs with COPY (no key can conflict) and return them (as a QueuedBatch).
 
     Only the columns whose values differ from the column defaults are sent (see sql.JOB_COPY_COLUMNS). run_at
     and created_at default to now(), the start of the transaction, which is the `now` read with the ids when
@@ -644,7 +655,7 @@ def _copy_jobs(queue: str, payloads: list[Any], encoded: list[tuple[str | None, 
     yield Copy(sql.job_copy(tuple(columns)), zip(*values, strict=False))  # (the repeats are endless)
     if due <= now:
         yield Statement(sql.job_notify_ready, {"queue": queue}, rows="none")
-    return queued_jobs(ids, payloads, queue=queue, priority=priority, run_at=due, max_attempts=max_attempts,
+    return QueuedBatch(ids, payloads, queue=queue, priority=priority, run_at=due, max_attempts=max_attempts,
                        context=json.loads(context) if context else None, created_at=now)
 
 

@@ -105,22 +105,30 @@ if _JobDraft.__slots__ != Job.__slots__:  # pragma: no cover - a field added in 
     raise TypeError("_JobDraft must have Job's slots in Job's order")
 
 
-class SiblingJobs(list[Job]):
-    """Jobs that share every field but id and payload, by identity (the same objects): what queued_jobs builds.
-    A reader may then work out what they share once (outboxq.api.schemas.jobs_public). Nothing enforces it:
-    whoever adds other jobs to one makes a plain list of them instead."""
+@dataclass(frozen=True, slots=True)
+class QueuedBatch:
+    """Just-written queued jobs of one queue that differ only in id and payload (enqueue_many's usual batch),
+    before any Job is built: what they share is held once. enqueue_many makes the Jobs (`jobs()`); the API
+    answers from the ids and one job's fields (building 1,000 Jobs took 0.9 ms of a 1,000-job request's 14)."""
 
+    ids: Sequence[int]
+    payloads: Sequence[Any]
+    queue: str
+    priority: int
+    run_at: datetime
+    max_attempts: int | None
+    context: dict | None
+    created_at: datetime
 
-def queued_jobs(ids: Sequence[int], payloads: Sequence[Any], *, queue: str, priority: int, run_at: datetime,
-                max_attempts: int | None, context: dict | None, created_at: datetime) -> SiblingJobs:
-    """Just-written queued jobs of one queue that differ only in id and payload (enqueue_many's), built three
-    times faster than by Job(...)."""
-    jobs = SiblingJobs()
-    append = jobs.append
-    queued = JobStatus.QUEUED
-    for job_id, payload in zip(ids, payloads, strict=True):
-        draft = _JobDraft(id=job_id, queue=queue, status=queued, payload=payload, priority=priority,
-                          run_at=run_at, max_attempts=max_attempts, context=context, created_at=created_at)
-        draft.__class__ = Job
-        append(draft)
-    return jobs
+    def jobs(self, count: int | None = None) -> list[Job]:
+        """The jobs (the first `count` of them), in order: built three times faster than by Job(...)."""
+        jobs: list[Job] = []
+        append = jobs.append
+        queue, queued, priority, run_at = self.queue, JobStatus.QUEUED, self.priority, self.run_at
+        max_attempts, context, created_at = self.max_attempts, self.context, self.created_at
+        for job_id, payload in zip(self.ids[:count], self.payloads[:count], strict=True):
+            draft = _JobDraft(id=job_id, queue=queue, status=queued, payload=payload, priority=priority,
+                              run_at=run_at, max_attempts=max_attempts, context=context, created_at=created_at)
+            draft.__class__ = Job
+            append(draft)
+        return jobs

@@ -186,18 +186,21 @@ def test_request_json_is_read_as_json_loads_reads_it(api):
     ([b"\x01", bytearray(b"\x02")], ["base64", "base64"]),
 ])
 def test_a_batch_of_sibling_jobs_has_the_json_each_job_has_alone(payloads, encodings):
-    """jobs_public copies the first of enqueue_many's jobs for the others: each must read as it would alone."""
+    """jobs_public copies the first of a QueuedBatch's jobs for the others: each must read as it would alone
+    (and as the batch's Jobs read)."""
     from datetime import UTC, datetime
 
     from outboxq.api.schemas import job_public, jobs_public
-    from outboxq.queue.jobs import SiblingJobs, queued_jobs
+    from outboxq.queue.jobs import Job, QueuedBatch
 
     now = datetime(2026, 11, 25, 12, 0, 0, 123456, tzinfo=UTC)
-    jobs = queued_jobs(list(range(7, 7 + len(payloads))), payloads, queue="q", priority=3, run_at=now,
-                       max_attempts=4, context={"trace": "t"}, created_at=now)
-    assert isinstance(jobs, SiblingJobs)
-    assert jobs_public(jobs) == [job_public(job) for job in jobs]
-    assert [j["payload_encoding"] for j in jobs_public(jobs)] == encodings
+    batch = QueuedBatch(list(range(7, 7 + len(payloads))), payloads, queue="q", priority=3, run_at=now,
+                        max_attempts=4, context={"trace": "t"}, created_at=now)
+    jobs = batch.jobs()
+    assert jobs == [Job(id=7 + i, queue="q", status="queued", payload=p, priority=3, run_at=now, max_attempts=4,
+                        context={"trace": "t"}, created_at=now) for i, p in enumerate(payloads)]
+    assert jobs_public(batch) == [job_public(job) for job in jobs]
+    assert [j["payload_encoding"] for j in jobs_public(batch)] == encodings
 
 
 def test_batch_whose_jobs_differ_in_options_writes_each_with_its_own(api):

@@ -38,8 +38,8 @@ from outboxq.api.schemas import (
 )
 from outboxq.errors import InvalidInput, JobNotFound
 from outboxq.queue import admin, feed, sql
-from outboxq.queue.enqueue import enqueue, enqueue_many, get_job
-from outboxq.queue.jobs import JobStatus
+from outboxq.queue.enqueue import enqueue, enqueue_many_written, get_job
+from outboxq.queue.jobs import Job, JobStatus, QueuedBatch
 
 router = APIRouter(tags=["jobs"], route_class=OutboxqRoute)
 
@@ -144,14 +144,19 @@ def create_jobs(queue: QueueName, body: JobBatchCreate, request: Request, princi
     minimal = prefers_minimal(request)  # (every Prefer line: `prefer` above documents the header)
 
     def work(conn: Any) -> dict[str, Any]:
+        jobs: QueuedBatch | list[Job]
         if uniform:
             shared = _options(body.jobs[0])
-            jobs = enqueue_many(conn, queue, [j["payload"] for j in body.jobs],
-                                keys=[j.get("key") for j in body.jobs],
-                                **{option: shared[option] for option in SHARED_OPTIONS.values()})
+            # (keys=None when no job has one: a key-less batch is then written as enqueue_many writes one, with
+            # no check per key.)
+            keys = [j.get("key") for j in body.jobs] if any("key" in j for j in body.jobs) else None
+            jobs = enqueue_many_written(conn, queue, [j["payload"] for j in body.jobs], keys=keys,
+                                        **{option: shared[option] for option in SHARED_OPTIONS.values()})
         else:  # per-job options or dependencies (a job may depend on an earlier one of the batch)
             jobs = [enqueue(conn, queue, j["payload"], **_options(j)) for j in body.jobs]
-        return {"ids": [job.id for job in jobs]} if minimal else {"jobs": jobs_public(jobs)}
+        if minimal:
+            return {"ids": list(jobs.ids) if isinstance(jobs, QueuedBatch) else [job.id for job in jobs]}
+        return {"jobs": jobs_public(jobs)}
 
     def request_body() -> dict[str, Any]:
         # The answer's form is part of the request: a retry with the same key and another form is refused (409)
