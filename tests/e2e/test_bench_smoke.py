@@ -60,6 +60,9 @@ def test_bench_backlog_checks_the_claim_plan_and_memory(db_url, tmp_path):
     plan = backlog["claim_plan"]
     assert plan["uses_claim_index"] and not plan["search_seq_scan"], plan
     assert backlog["with_finished"]["finished"] == 300
+    # the drain beside the history and the baseline alternate: a median of each makes the ratio
+    assert len(backlog["with_finished_runs"]) == len(backlog["baseline_runs"]) == 3
+    assert backlog["with_finished_vs_baseline"] == backlog["with_finished"]["jobs_per_s"] / backlog["baseline"]["jobs_per_s"]
 
 
 def test_bench_many_queues_and_dead_rows_drain_every_job_and_give_their_ratios(db_url, tmp_path, capsys):
