@@ -94,14 +94,9 @@ class Dispatcher:
                         wanted = min(room, s.batch_size)
                         jobs = self.claim(conn, consumer, wanted)
                     else:
-                        # A limited claim costs more than an unlimited one whatever its size (a claim slot, the
-                        # count of running jobs, a commit that waits for the disk; per key, a probe per key): it
-                        # takes up to what the worker may hold at once (where the limit binds, or per key, what
-                        # _limited_room allows caps that), not one batch. Measured with limits that did not bind,
-                        # 2 processes, 50,000 no-op jobs: global_concurrency=10000 0.85 of the unlimited drain in
-                        # batches of 500, 0.93 in claims of up to 1,000 (4 alternated rounds); per key 0.79 and
-                        # 0.87.
-                        wanted = min(self._limited_room(limits, room), s.max_in_flight)
+                        # (A limited claim's fixed cost is paid per claim: larger claims, outboxq.queue.limits.)
+                        wanted = min(self._limited_room(limits, room),
+                                     flow_limits.claim_size(s.batch_size, s.max_in_flight))
                         if wanted <= 0:
                             continue  # every handler is busy: a completion wakes the dispatcher
                         jobs = self.claim_limited(conn, consumer, limits, wanted)

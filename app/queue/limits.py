@@ -133,6 +133,16 @@ def shares_claim_slots(limits: QueueLimits, limit: int) -> bool:
         for value in (limits.global_concurrency, limits.rate_limit_count))
 
 
+def claim_size(batch_size: int, max_in_flight: int) -> int:
+    """The most jobs one claim of a limited queue takes (where its limit binds, or per key, the dispatcher's
+    room caps it further): what the worker may hold, up to the largest claim that still shares the claim slots,
+    and never less than a batch. A limited claim costs more than an unlimited one whatever its size (a claim
+    slot, the count of running jobs, a commit that waits for the disk; per key, a probe per key): measured with
+    limits that did not bind, 2 processes, 50,000 no-op jobs, global_concurrency=10000 drained at 0.85 of the
+    unlimited drain in claims of a batch (500), 0.93 in claims of up to 1,000; per key 0.79 and 0.87."""
+    return max(batch_size, min(max_in_flight, limits_sql.SHARED_CLAIM_MAX))
+
+
 # A per-key claim scans this many keys more than it may claim jobs, to pass keys that are at their limit.
 KEY_SCAN_MARGIN = 64
 

@@ -382,3 +382,17 @@ def test_a_shared_claim_short_of_jobs_not_of_room_returns_them_without_an_exclus
         assert len(worker.claim_limited(conn, consumer, queue_limits, 10)) == 3
         # No exclusive claim waited for the slot held and failed: the connection is as a claim leaves it.
         assert conn.autocommit and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+@pytest.mark.parametrize("batch_size, max_in_flight, expected", [
+    (500, 1_000, 1_000),  # the defaults: claims of what the worker may hold, shared
+    (1_000, 2_000, limits_sql.SHARED_CLAIM_MAX),  # no larger than a claim that still shares the slots
+    (100, 200, 200),
+    (2_000, 4_000, 2_000),  # never less than the batch the user chose
+])
+def test_a_limited_claim_takes_what_the_worker_may_hold_within_a_shared_claim(batch_size, max_in_flight, expected):
+    """A limited claim's fixed cost is paid per claim: claims as large as the worker may hold, but shareable."""
+    size = limits.claim_size(batch_size, max_in_flight)
+    assert size == expected
+    unbinding = limits.QueueLimits(queue="q", global_concurrency=10_000)
+    assert limits.shares_claim_slots(unbinding, size) == (size <= limits_sql.SHARED_CLAIM_MAX)
