@@ -575,8 +575,9 @@ def enqueue_many(
 
 
 def enqueue_many_written(conn: Any, queue: str, payloads: Iterable[Any], **options: Any) -> QueuedBatch | list[Job]:
-    """enqueue_many (the same options) for a caller that needs no Job objects (the API, which answers in JSON):
-    key-less jobs come back as a QueuedBatch, their ids and what they share."""
+    """enqueue_many for a caller that needs no Job objects (the API, which answers in JSON): key-less jobs come
+    back as a QueuedBatch, their ids and what they share. `options` are enqueue_many's, keys, run_at, delay,
+    priority and max_attempts always given."""
     return _run_plan(conn, _enqueue_many_plan(queue, payloads, **options))
 
 

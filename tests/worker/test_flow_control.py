@@ -385,14 +385,37 @@ def test_a_shared_claim_short_of_jobs_not_of_room_returns_them_without_an_exclus
 
 
 @pytest.mark.parametrize("batch_size, max_in_flight, expected", [
-    (500, 1_000, 1_000),  # the defaults: claims of what the worker may hold, shared
+    (500, 1_000, 1_000),  # the defaults: what the worker may hold
     (1_000, 2_000, limits_sql.SHARED_CLAIM_MAX),  # no larger than a claim that still shares the slots
     (100, 200, 200),
     (2_000, 4_000, 2_000),  # never less than the batch the user chose
 ])
-def test_a_limited_claim_takes_what_the_worker_may_hold_within_a_shared_claim(batch_size, max_in_flight, expected):
-    """A limited claim's fixed cost is paid per claim: claims as large as the worker may hold, but shareable."""
-    size = limits.claim_size(batch_size, max_in_flight)
-    assert size == expected
-    unbinding = limits.QueueLimits(queue="q", global_concurrency=10_000)
-    assert limits.shares_claim_slots(unbinding, size) == (size <= limits_sql.SHARED_CLAIM_MAX)
+def test_a_limited_claim_takes_what_the_worker_may_hold_up_to_a_shared_claim_and_at_least_a_batch(
+        batch_size, max_in_flight, expected):
+    assert limits.claim_size(batch_size, max_in_flight) == expected
+
+
+def test_the_dispatcher_claims_a_limit_that_cannot_bind_in_claims_larger_than_a_batch(db_url):
+    """A limited claim's fixed cost (claim slot, running count, synchronous commit) is paid per claim: where the
+    limit cannot bind in this worker, the dispatcher claims what the worker may hold (limits.claim_size), not one
+    batch."""
+    asked = []
+    with psycopg.connect(db_url) as conn:
+        enqueue_many(conn, "flow_big_claims", [{} for _ in range(600)])
+        conn.commit()
+    worker = Worker([Consumer("flow_big_claims", lambda p: None, global_concurrency=10_000)], url=db_url,
+                    batch_size=100, concurrency=4, poll_interval=0.05, run_maintenance=False, listen=False)
+    claim_limited = worker.dispatcher.claim_limited
+
+    def recording(conn, consumer, limits_, limit):
+        asked.append(limit)
+        return claim_limited(conn, consumer, limits_, limit)
+
+    worker.dispatcher.claim_limited = recording
+    worker.start()
+    try:
+        wait_for(lambda: _all_done(db_url, "flow_big_claims", 600))
+    finally:
+        worker.stop(timeout=5)
+    assert worker.state.max_in_flight == 200
+    assert asked[0] == limits.claim_size(100, 200) == 200  # not the batch of 100
