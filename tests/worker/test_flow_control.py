@@ -83,6 +83,15 @@ def _all_done(db_url, queue, n):
     return _count(db_url, "SELECT count(*) FROM outboxq_jobs WHERE queue = %s AND status = 'done'", queue) == n
 
 
+def _run_until_done(worker, db_url, queue, n):
+    """Run the (in-process) worker until the queue's n jobs are done, then stop it."""
+    worker.start()
+    try:
+        wait_for(lambda: _all_done(db_url, queue, n))
+    finally:
+        worker.stop(timeout=5)
+
+
 def test_global_concurrency_holds_across_worker_processes_and_is_reached(db_url, tmp_path):
     _fill(db_url, "flow_global", [{"sleep": 0.15} for _ in range(30)])
     # Two handlers each: together they could run 4, so the limit of 3 binds across the processes, and both
@@ -238,11 +247,7 @@ def test_a_queue_without_limits_claims_with_the_unlimited_statement(db_url):
         return claim(conn, consumer, limit, **({"statement": statement} if statement else {}), **kw)
 
     worker.dispatcher.claim = recording
-    worker.start()
-    try:
-        wait_for(lambda: _all_done(db_url, "plain", 5))
-    finally:
-        worker.stop(timeout=5)
+    _run_until_done(worker, db_url, "plain", 5)
     assert claimed_with and set(claimed_with) == {None}
     assert worker.state.limits == {}
 
@@ -412,10 +417,6 @@ def test_the_dispatcher_claims_a_limit_that_cannot_bind_in_claims_larger_than_a_
         return claim_limited(conn, consumer, limits_, limit)
 
     worker.dispatcher.claim_limited = recording
-    worker.start()
-    try:
-        wait_for(lambda: _all_done(db_url, "flow_big_claims", 600))
-    finally:
-        worker.stop(timeout=5)
+    _run_until_done(worker, db_url, "flow_big_claims", 600)
     assert worker.state.max_in_flight == 200
     assert asked[0] == limits.claim_size(100, 200) == 200  # not the batch of 100
