@@ -8,19 +8,22 @@ of a real drain), with `--keys` distinct keys.
 
 Works in a scratch database (created, migrated, dropped) on the server of --url (default: DATABASE_URL,
 else the embedded PostgreSQL). Each figure is the median of --repeat runs of EXPLAIN ANALYZE, each in a
-transaction rolled back.
+transaction rolled back. `--generic`: the limited claims also as the worker runs them, prepared, under
+plan_cache_mode=force_generic_plan (outboxq.queue.sql.limits.claim_generic_plan): one plan, made once.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import sys
 import uuid
 from pathlib import Path
 
 import psycopg
+from psycopg import sql as pgsql
 from psycopg.rows import dict_row
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -67,6 +70,36 @@ def explain(conn: psycopg.Connection, kind: str, limit: int, after_key: str, rep
     return statistics.median(planning), statistics.median(execution), int(statistics.median(buffers))
 
 
+def explain_generic(conn: psycopg.Connection, kind: str, limit: int, after_key: str,
+                    repeat: int) -> tuple[float, float, int]:
+    """As explain(), the claim prepared (placeholders $1, $2... in order of first use) and run with its generic
+    plan, as a worker's prepared claim runs under limits_sql.claim_generic_plan."""
+    names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", CLAIMS[kind])))  # psycopg's $1, $2... in this order
+    planning, execution, buffers = [], [], []
+    for _ in range(repeat):
+        # Prepared with psycopg's parameter types, by a claim of no job, outside a transaction (psycopg
+        # deallocates every statement when a transaction rolls back: prepared again for each run).
+        conn.autocommit = True
+        conn.execute(limits_sql.claim_generic_plan.replace("SET LOCAL", "SET"))
+        conn.execute(CLAIMS[kind], params(0, after_key), prepare=True)
+        name = conn.execute("SELECT name FROM pg_prepared_statements WHERE starts_with(statement, %s)",
+                            (CLAIMS[kind][:CLAIMS[kind].index("%")],)).fetchone()["name"]
+        conn.autocommit = False
+        values = params(limit, after_key)
+        # (The values as literals: sent as parameters, EXECUTE's arguments would have no type.)
+        plan = conn.execute(pgsql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE {}({})").format(
+            pgsql.Identifier(name), pgsql.SQL(", ").join(pgsql.Literal(values[n]) for n in names)),
+        ).fetchone()["QUERY PLAN"][0]
+        conn.rollback()
+        planning.append(plan.get("Planning Time", 0.0))
+        execution.append(plan["Execution Time"])
+        buffers.append(plan["Plan"].get("Shared Hit Blocks", 0))
+    conn.autocommit = True
+    conn.execute("RESET plan_cache_mode")
+    conn.autocommit = False
+    return statistics.median(planning), statistics.median(execution), int(statistics.median(buffers))
+
+
 def drain_some(conn: psycopg.Connection, kind: str, limit: int, claims: int) -> str:
     """Claim and complete `claims` batches as a worker would; returns the per-key round robin's cursor."""
     after_key = ""
@@ -92,6 +125,8 @@ def main() -> int:
     parser.add_argument("--limit", type=int, default=500)
     parser.add_argument("--claims", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--generic", action="store_true",
+                        help="also the limited claims prepared, with their generic plan (as the worker runs them)")
     parser.add_argument("--plan", action="store_true", help="also print each claim's plan in the middle of the drain")
     args = parser.parse_args()
 
@@ -114,6 +149,10 @@ def main() -> int:
                 print(f"  {kind:18} at rest: planning {at_rest[0]:5.2f} ms, execution {at_rest[1]:6.2f} ms, "
                       f"{at_rest[2]:6,} buffers | after {args.claims} claims: planning {mid[0]:5.2f} ms, "
                       f"execution {mid[1]:6.2f} ms, {mid[2]:6,} buffers")
+                if args.generic and kind != "unlimited":
+                    generic = explain_generic(conn, kind, args.limit, after_key, args.repeat)
+                    print(f"  {kind + ' generic':26} after {args.claims} claims: planning {generic[0]:5.2f} ms, "
+                          f"execution {generic[1]:6.2f} ms, {generic[2]:6,} buffers")
                 if args.plan:
                     rows = conn.execute("EXPLAIN (ANALYZE, BUFFERS) " + CLAIMS[kind],
                                         params(args.limit, after_key)).fetchall()

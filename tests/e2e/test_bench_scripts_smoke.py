@@ -29,8 +29,8 @@ def test_issue_17_bench_scripts_run(pg_server_url, script, args, expected):
 
 def test_flow_claim_explain_runs(pg_server_url):
     out = _run("flow_claim_explain.py", "--url", pg_server_url, "--jobs", "300", "--keys", "5", "--limit", "50",
-               "--claims", "2", "--repeat", "1", "--plan")
-    assert "per_key" in out and "Execution Time" in out
+               "--claims", "2", "--repeat", "1", "--plan", "--generic")
+    assert "per_key" in out and "Execution Time" in out and "per_key generic" in out
 
 
 def test_wakeup_and_notify_runs(pg_server_url):
