@@ -66,6 +66,8 @@ class Dispatcher:
         self.state = state
         self._limits_read_at: float | None = None
         self._limit_cursor: dict[str, str] = {}  # per-key queues: where the round robin resumes
+        self._key_depth: dict[str, float] = {}  # per-key queues: the jobs per key the last full claim showed
+        self._claim_again: set[str] = set()  # per-key queues whose claim scanned too few keys (see below)
         self.cursors = ClaimCursors()  # other queues: where the next claim reads the claim index from
 
     def loop(self) -> None:
@@ -102,7 +104,10 @@ class Dispatcher:
                         jobs = self.claim_limited(conn, consumer, limits, wanted)
                     for job in jobs:
                         s.work.put(job)
-                    if len(jobs) < wanted and not (limits is not None and s.slots_freed != slots_freed):
+                    claim_again = queue_name in self._claim_again
+                    self._claim_again.discard(queue_name)
+                    if len(jobs) < wanted and not (limits is not None and s.slots_freed != slots_freed) and (
+                            not claim_again):
                         # (A limited queue whose slot freed while it was being claimed is claimed again at once:
                         # the completer's wake-up came before this claim's short answer.)
                         s.idle_until[queue_name] = time.monotonic() + (
@@ -246,18 +251,29 @@ class Dispatcher:
                 jobs = self.claim(conn, consumer, limit, statement=limits_sql.job_claim_limited, params=reserve,
                                   order=noted(claim_order))
                 return jobs, held_back
-            after_key = self._limit_cursor.get(consumer.queue, "")
+            queue = consumer.queue
+            self._claim_again.discard(queue)
+            after_key = self._limit_cursor.get(queue, "")
+            depth = self._key_depth.pop(queue, None)
+            max_keys = flow_limits.keys_to_scan(limit, depth, self.state.job_seconds.get(queue))
 
             def round_robin(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 # Handlers take the batch in round-robin order too (every key's first job, then every key's
                 # second...): a key that just arrived does not wait behind another key's share of the batch.
                 # The next claim resumes after the last key served.
-                ordered, self._limit_cursor[consumer.queue] = flow_limits.round_robin(rows, after_key)
+                ordered, self._limit_cursor[queue] = flow_limits.round_robin(rows, after_key)
+                shown = flow_limits.key_depth_shown(rows, limit)
+                if shown is not None:
+                    self._key_depth[queue] = shown
                 return ordered
 
             jobs = self.claim(conn, consumer, limit, statement=limits_sql.job_claim_limited_per_key,
-                              params={"after_key": after_key, "max_keys": flow_limits.key_budget(limit), **reserve},
+                              params={"after_key": after_key, "max_keys": max_keys, **reserve},
                               order=noted(round_robin))
+            if len(jobs) < limit and max_keys < flow_limits.key_budget(limit):
+                # Short after scanning fewer keys than it might have: the rest may lie in the keys after them
+                # (the queue is not idle); the dispatcher claims again at once, scanning every key.
+                self._claim_again.add(queue)
             return jobs, held_back
 
     def _claim_from_cursor(self, conn: DictConnection, queue: str, statement: str,

@@ -9,6 +9,7 @@ them without a restart. The statements are in sql/limits.py.
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -150,6 +151,35 @@ KEY_SCAN_MARGIN = 64
 def key_budget(limit: int) -> int:
     """How many keys a per-key claim of `limit` jobs scans at most (each key scanned costs an index probe)."""
     return limit + KEY_SCAN_MARGIN
+
+
+# A key's turn in a per-key claim whose keys all hold more jobs than their equal share (deficit round robin's
+# quantum): at most this many jobs, and this much of the handlers' time. Each key a claim scans costs an index
+# probe and a pick of its own (with 100 keys, claims of 500: 5 jobs a key, and the per-key drain ran at 0.8 of
+# the unlimited one); in turns of up to 20 jobs a claim scans a quarter of them. The price: a key that arrives
+# behind a backlog of N busy keys waits for N turns, at most N x 20 jobs, instead of about one claim.
+KEY_TURN_MAX = 20
+KEY_TURN_S = 0.005
+
+
+def keys_to_scan(limit: int, key_depth: float | None, mean_job_s: float | None) -> int:
+    """How many keys a per-key claim of `limit` jobs scans. Every key it may need (key_budget) until a full
+    claim has shown how many jobs its keys held at least (`key_depth`: its jobs per key served); then enough
+    keys for `limit` in turns of twice that depth (the next claim's keys may hold more: a claim that finds
+    them shallower comes back short, and the next scans every key again), at most KEY_TURN_MAX jobs and
+    KEY_TURN_S of the handlers' time (`mean_job_s`, measured) each."""
+    if key_depth is None or mean_job_s is None:
+        return key_budget(limit)
+    turn = min(2 * key_depth, KEY_TURN_MAX, KEY_TURN_S / max(mean_job_s, 1e-6))
+    return key_budget(limit) if turn < 2 else min(key_budget(limit), math.ceil(limit / turn))
+
+
+def key_depth_shown(rows: list[dict[str, Any]], limit: int) -> float | None:
+    """The jobs per key that a per-key claim of `limit` jobs showed its keys hold at least (every key gave its
+    whole share: the claim is full), or None (short: the keys were shallower, or at their limits)."""
+    if not rows or len(rows) < limit:
+        return None
+    return len(rows) / len({r["limit_key"] for r in rows})
 
 
 def limit_key_of(limit_by: LimitBy, payload: Any) -> str | None:

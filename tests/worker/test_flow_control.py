@@ -420,3 +420,58 @@ def test_the_dispatcher_claims_a_limit_that_cannot_bind_in_claims_larger_than_a_
     _run_until_done(worker, db_url, "flow_big_claims", 600)
     assert worker.state.max_in_flight == 200
     assert asked[0] == limits.claim_size(100, 200) == 200  # not the batch of 100
+
+
+@pytest.mark.parametrize("limit, depth, mean_job_s, expected", [
+    (500, None, 0.0001, limits.key_budget(500)),  # no full claim yet: every key it may need
+    (500, 5.0, None, limits.key_budget(500)),  # no handler time measured yet
+    (500, 5.0, 0.0001, 50),  # keys that gave 5 each: turns of 10
+    (500, 100.0, 0.0001, 500 // limits.KEY_TURN_MAX),  # deep keys: turns of KEY_TURN_MAX
+    (500, 100.0, 0.001, 100),  # 1 ms jobs: turns of KEY_TURN_S of handler time (5 jobs)
+    (500, 100.0, 0.01, limits.key_budget(500)),  # 10 ms jobs: one job a turn, every key
+    (3, 100.0, 0.0001, 1),
+])
+def test_a_per_key_claim_scans_enough_keys_for_its_jobs_in_turns_twice_as_deep_as_the_keys_have_shown(
+        limit, depth, mean_job_s, expected):
+    assert limits.keys_to_scan(limit, depth, mean_job_s) == expected
+
+
+def test_the_depth_a_per_key_claim_shows_is_its_jobs_per_key_when_full_else_none():
+    rows = [{"limit_key": k} for k in "aabbcc"]
+    assert limits.key_depth_shown(rows, 6) == 2.0
+    assert limits.key_depth_shown(rows, 7) is None  # short: the keys may hold no more
+    assert limits.key_depth_shown([], 6) is None
+
+
+def test_per_key_claims_over_deep_keys_take_them_in_longer_turns_and_a_short_one_is_claimed_again_at_once(db_url):
+    """Each key scanned costs a probe and a pick: once a full claim has shown that its keys hold their shares,
+    the next claims scan fewer keys and take more of each (turns twice as deep, up to KEY_TURN_MAX), still round
+    robin. A claim that finds its fewer keys shallower comes back short, and the dispatcher claims again at once,
+    scanning every key (the queue is not idle)."""
+    consumer = Consumer("flow_turns", lambda payload: None, global_concurrency=10_000, limit_by="tenant")
+    keys = [k for k in "abcdefgh" for _ in range(30)]
+    with psycopg.connect(db_url) as conn:
+        jobs = enqueue_many(conn, "flow_turns", [{} for _ in keys], limit_keys=keys)
+        limits.declare(conn, consumer.limits)
+        conn.commit()
+    key_of = {job.id: key for job, key in zip(jobs, keys, strict=True)}
+    worker = Worker([consumer], url=db_url, run_maintenance=False, listen=False)
+    worker.state.job_seconds["flow_turns"] = 0.0001  # as measured for no-op handlers
+    queue_limits = limits.QueueLimits("flow_turns", global_concurrency=10_000, per_key=True)
+
+    def turns(claimed):
+        return {key: [key_of[j.id] for j in claimed].count(key) for key in dict.fromkeys(key_of[j.id] for j in claimed)}
+
+    with worker.state.connect_for_claims() as conn:
+        assert turns(worker.claim_limited(conn, consumer, queue_limits, 40)) == dict.fromkeys("abcdefgh", 5)
+        assert turns(worker.claim_limited(conn, consumer, queue_limits, 40)) == dict.fromkeys("abcd", 10)
+        assert turns(worker.claim_limited(conn, consumer, queue_limits, 40)) == dict.fromkeys("ef", 20)
+        assert turns(worker.claim_limited(conn, consumer, queue_limits, 40)) == dict.fromkeys("gh", 20)
+        assert "flow_turns" not in worker.dispatcher._claim_again
+        # a..d hold 15 jobs each now, e..h 5: turns of 20 over 2 keys find 30 of 40, and the queue is to be
+        # claimed again at once, over every key (40 shared out over c..h, then wrapped round to the empty a, b).
+        assert turns(worker.claim_limited(conn, consumer, queue_limits, 40)) == dict.fromkeys("ab", 15)
+        assert "flow_turns" in worker.dispatcher._claim_again
+        assert turns(worker.claim_limited(conn, consumer, queue_limits, 40)) == {
+            "c": 7, "d": 7, "e": 5, "f": 5, "g": 5, "h": 5}
+        assert "flow_turns" not in worker.dispatcher._claim_again
