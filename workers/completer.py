@@ -72,14 +72,7 @@ class Completer:
             conn.close()
 
     def write(self, conn: DictConnection, outcomes: list[Outcome]) -> None:
-        """Write every outcome in one transaction: one statement completes all the successes. In a pipeline: the
-        BEGIN goes with the first statement, a refill claim's statements with each other (measured alone, a
-        write of one outcome and its refill: 2.0-2.2 ms, 1.6-1.7 pipelined; it is most of the gap between the
-        end of a concurrency-limited job and the start of the next)."""
-        with conn.pipeline():
-            self._write(conn, outcomes)
-
-    def _write(self, conn: DictConnection, outcomes: list[Outcome]) -> None:
+        """Write every outcome in one transaction: one statement completes all the successes."""
         s = self.state
         to_complete = [o for o in outcomes if o.succeeded and not o.completed_in_transaction and not o.fenced]
         completed_ids: set[int] = set()

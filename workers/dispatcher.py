@@ -41,23 +41,21 @@ def claim_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 @contextmanager
 def durable_transaction(conn: DictConnection) -> Iterator[None]:
-    """On the dispatcher's connection (autocommit, commits not waiting for the disk), run the block in a
-    pipeline, as one transaction that commits synchronously: autocommit is off until the block has committed,
+    """Run the block in a pipeline; on the dispatcher's connection (autocommit, commits not waiting for the
+    disk) also as one transaction that commits synchronously: autocommit is off until the block has committed,
     and its first statement turns synchronous commit on. On another connection the block is part of the
-    caller's transaction, as it is (and of its pipeline, if any: the completer's; a pipeline of its own would
-    cost a round trip more, to sync when it ends)."""
+    caller's transaction, as it is."""
     own = conn.autocommit
-    if not own:
-        yield
-        return
-    conn.autocommit = False  # (outside the pipeline: inside, changing it costs a round trip)
+    if own:
+        conn.autocommit = False  # (outside the pipeline: inside, changing it costs a round trip)
     try:
         with conn.pipeline():
-            conn.execute(sql.claim_commit_sync)
+            if own:
+                conn.execute(sql.claim_commit_sync)
             yield
     finally:
         # A block that failed leaves its transaction open: the dispatcher's error handling closes the connection.
-        if not conn.closed and conn.info.transaction_status == TransactionStatus.IDLE:
+        if own and not conn.closed and conn.info.transaction_status == TransactionStatus.IDLE:
             conn.autocommit = True
 
 
