@@ -154,16 +154,19 @@ class Dispatcher:
             conn.commit()
         self._limits_read_at = time.monotonic()
 
+    def _buffer_cannot_bind(self, limits: flow_limits.QueueLimits) -> bool:
+        """A concurrency limit (global, or per key) at least what this worker may hold cannot be made to bind by
+        this worker's buffer: claim full batches, as an unlimited queue does (the claim still caps each key)."""
+        return limits.rate_limit_count is None and (limits.global_concurrency is None
+                                                    or limits.global_concurrency >= self.state.max_in_flight)
+
     def _limited_room(self, limits: flow_limits.QueueLimits, room: int) -> int:
         """How many jobs of a limited queue to claim. Where the limit can bind (a rate limit, a concurrency,
         global or per key, below what this worker may hold), only as many as there are idle handlers: a job
         claimed is a job started, so the starts stay within the rate limit and no worker holds slots it cannot
         use."""
         s = self.state
-        # A concurrency limit (global, or per key) at least what this worker may hold cannot be made to bind by
-        # this worker's buffer: claim full batches, as an unlimited queue does (the claim still caps each key).
-        if limits.rate_limit_count is None and (limits.global_concurrency is None
-                                                or limits.global_concurrency >= s.max_in_flight):
+        if self._buffer_cannot_bind(limits):
             if not limits.per_key:
                 return room
             # Per key: what this worker holds runs before the job of a key that arrives later, so it holds only
@@ -255,7 +258,10 @@ class Dispatcher:
             self._claim_again.discard(queue)
             after_key = self._limit_cursor.get(queue, "")
             depth = self._key_depth.pop(queue, None)
-            max_keys = flow_limits.keys_to_scan(limit, depth, self.state.job_seconds.get(queue))
+            # (Fewer keys only where no key's limit can bind: where one can, the claims are small, and a key at
+            # its limit among fewer keys would cut them short.)
+            max_keys = flow_limits.keys_to_scan(limit, depth if self._buffer_cannot_bind(limits) else None,
+                                                self.state.job_seconds.get(queue))
 
             def round_robin(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 # Handlers take the batch in round-robin order too (every key's first job, then every key's

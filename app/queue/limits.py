@@ -167,8 +167,9 @@ def keys_to_scan(limit: int, key_depth: float | None, mean_job_s: float | None) 
     claim has shown how many jobs its keys held at least (`key_depth`: its jobs per key served); then enough
     keys for `limit` in turns of twice that depth (the next claim's keys may hold more: a claim that finds
     them shallower comes back short, and the next scans every key again), at most KEY_TURN_MAX jobs and
-    KEY_TURN_S of the handlers' time (`mean_job_s`, measured) each."""
-    if key_depth is None or mean_job_s is None:
+    KEY_TURN_S of the handlers' time (`mean_job_s`, measured) each. Not after a claim of one job per key
+    (more keys than jobs: they may hold no more, and turns of two would come back short every other claim)."""
+    if key_depth is None or key_depth < 2 or mean_job_s is None:
         return key_budget(limit)
     turn = min(2 * key_depth, KEY_TURN_MAX, KEY_TURN_S / max(mean_job_s, 1e-6))
     return key_budget(limit) if turn < 2 else min(key_budget(limit), math.ceil(limit / turn))

@@ -425,6 +425,7 @@ def test_the_dispatcher_claims_a_limit_that_cannot_bind_in_claims_larger_than_a_
 @pytest.mark.parametrize("limit, depth, mean_job_s, expected", [
     (500, None, 0.0001, limits.key_budget(500)),  # no full claim yet: every key it may need
     (500, 5.0, None, limits.key_budget(500)),  # no handler time measured yet
+    (500, 1.0, 0.0001, limits.key_budget(500)),  # one job per key (more keys than jobs): they may hold no more
     (500, 5.0, 0.0001, 50),  # keys that gave 5 each: turns of 10
     (500, 100.0, 0.0001, 500 // limits.KEY_TURN_MAX),  # deep keys: turns of KEY_TURN_MAX
     (500, 100.0, 0.001, 100),  # 1 ms jobs: turns of KEY_TURN_S of handler time (5 jobs)
