@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import uuid
 from datetime import timedelta
 from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg import sql as pgsql
 from psycopg.rows import dict_row
 
 import tests.handlers_flow  # noqa: F401 - registers the consumers: enqueue computes their limit keys
@@ -24,6 +27,7 @@ from outboxq import cli, enqueue, enqueue_many
 from outboxq.errors import InvalidLimit
 from outboxq.queue import limits
 from outboxq.queue.sql import limits as limits_sql
+from outboxq.workers.claim_cursor import FROM_THE_FRONT
 from outboxq.workers.registry import Consumer
 from outboxq.workers.runner import Worker
 from tests.handlers_flow import RUNS_DDL
@@ -476,3 +480,44 @@ def test_per_key_claims_over_deep_keys_take_them_in_longer_turns_and_a_short_one
         assert turns(worker.claim_limited(conn, consumer, queue_limits, 40)) == {
             "c": 7, "d": 7, "e": 5, "f": 5, "g": 5, "h": 5}
         assert "flow_turns" not in worker.dispatcher._claim_again
+
+
+@pytest.mark.parametrize("per_key", [False, True])
+def test_a_limited_claim_planned_while_the_queue_was_empty_reads_the_indexes_once_it_fills(db_url, per_key):
+    """A limited claim runs with the generic plan PostgreSQL made when psycopg prepared it (its sixth run), and
+    keeps it until the jobs table's statistics change (autovacuum). Made while the table was empty, that plan
+    must still read the indexes when the jobs pour in: a sequential scan of the jobs table (and of its history)
+    would be fast on the empty table and stay in the plan of every claim that follows."""
+    consumer = Consumer("flow_empty", lambda payload: None, global_concurrency=10_000,
+                        **({"limit_by": "tenant"} if per_key else {}))
+    worker = Worker([consumer], url=db_url, run_maintenance=False, listen=False)
+    with worker.state.connect_for_claims() as conn:
+        worker.dispatcher.read_limits(conn)
+        queue_limits = worker.state.limits["flow_empty"]
+        for _ in range(8):  # prepared from the sixth claim on, while the queue is empty
+            assert worker.dispatcher.claim_limited(conn, consumer, queue_limits, 100) == []
+        statement = limits_sql.job_claim_limited_per_key if per_key else limits_sql.job_claim_limited
+        [prepared] = conn.execute("SELECT name FROM pg_prepared_statements WHERE starts_with(statement, %s)",
+                                  (statement[:statement.index("%")],)).fetchall()
+        _fill(db_url, "flow_empty", [{"tenant": f"t{i % 50}"} for i in range(20_000)],
+              **({"limit_keys": [f"t{i % 50}" for i in range(20_000)]} if per_key else {}))
+        # The plan the dispatcher's next claim runs: EXPLAIN EXECUTE takes it from the same plan cache.
+        names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", statement)))
+        values = {"queue": "flow_empty", "limit": 100, "lease_token": uuid.uuid4(), "lease_s": 60.0,
+                  "worker_id": "w", "default_max_attempts": 25, **FROM_THE_FRONT, "reserve": 0, "after_key": "",
+                  "max_keys": limits.key_budget(100)}
+        conn.autocommit = False
+        conn.execute(limits_sql.claim_generic_plan)
+        plan = conn.execute(pgsql.SQL("EXPLAIN (FORMAT JSON) EXECUTE {}({})").format(
+            pgsql.Identifier(prepared["name"]), pgsql.SQL(", ").join(pgsql.Literal(values[n]) for n in names)),
+        ).fetchone()["QUERY PLAN"][0]["Plan"]
+        conn.rollback()
+    scans = [(n["Node Type"], n.get("Index Name")) for n in _plan_nodes(plan)
+             if n.get("Relation Name") == "outboxq_jobs"]
+    assert scans and all(kind != "Seq Scan" for kind, _ in scans), scans
+
+
+def _plan_nodes(plan):
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _plan_nodes(child)
