@@ -144,13 +144,19 @@ class Dispatcher:
     # ------------------------------------------------------------------ flow control (outboxq.queue.limits)
 
     def read_limits(self, conn: DictConnection) -> None:
-        """Declare this worker's consumers' limits (at start), then read the limits of its queues."""
+        """Read the limits of this worker's queues (at start, having declared its consumers' limits where they
+        differ from those stored)."""
         s = self.state
         with durable_transaction(conn):
+            stored = flow_limits.load(conn)
             if self._limits_read_at is None:
-                for consumer in s.consumers.values():
-                    flow_limits.declare(conn, consumer.limits)
-            s.limits = {q: lim for q, lim in flow_limits.load(conn).items() if q in s.consumers and lim.limited}
+                changes = [c.limits for c in s.consumers.values()
+                           if flow_limits.declaration_changes(c.limits, stored.get(c.queue))]
+                for declared in changes:
+                    flow_limits.declare(conn, declared)
+                if changes:
+                    stored = flow_limits.load(conn)
+            s.limits = {q: lim for q, lim in stored.items() if q in s.consumers and lim.limited}
             conn.commit()
         self._limits_read_at = time.monotonic()
 

@@ -217,6 +217,21 @@ def declare(conn: Any, limits: QueueLimits) -> None:
         conn.execute(limits_sql.queue_limits_undeclare, {"queue": limits.queue})
 
 
+def declaration_changes(declared: QueueLimits, stored: QueueLimits | None) -> bool:
+    """Whether declare() would change what PostgreSQL holds for the queue (`stored`: its row, if any). A worker
+    that starts with its consumers' limits already stored writes nothing: no row lock that the workers starting
+    beside it wait for, no commit to flush."""
+    if stored is None:
+        return declared.limited or declared.per_key
+    if stored.source != "consumer":
+        return False  # an operator's limits stay until reset (declare leaves them)
+    if not (declared.limited or declared.per_key):
+        return True  # what a consumer declared goes when the consumer declares nothing
+    return (declared.global_concurrency, declared.rate_limit_count, declared.rate_limit_period_s,
+            declared.per_key) != (stored.global_concurrency, stored.rate_limit_count, stored.rate_limit_period_s,
+                                  stored.per_key)
+
+
 def load(conn: Any) -> dict[str, QueueLimits]:
     """Every queue's limits, by queue."""
     cur = conn.cursor(row_factory=_dict_row())

@@ -297,6 +297,30 @@ def test_the_dispatchers_limited_claims_and_declared_limits_are_on_disk_when_it_
         assert conn.autocommit and conn.execute("SHOW synchronous_commit").fetchone()["synchronous_commit"] == "off"
 
 
+def test_a_worker_starting_with_its_limits_already_stored_writes_nothing(db_url):
+    """Workers that start together with the same consumers (a deployment) each declare their limits: only the
+    first writes them; the others read them and neither update nor lock the row (which would make each wait
+    for the one before it to commit). A consumer that declares other limits still writes them."""
+    def start(consumer):
+        worker = Worker([consumer], url=db_url, run_maintenance=False, listen=False)
+        with worker.state.connect_for_claims() as conn:
+            worker.dispatcher.read_limits(conn)
+        return worker.state.limits["flow_declared"]
+
+    def row():
+        with psycopg.connect(db_url, row_factory=dict_row) as c:
+            return c.execute("SELECT xmin::text, xmax::text, global_concurrency, rate_limit_count "
+                             "FROM outboxq_queue_limits WHERE queue = 'flow_declared'").fetchone()
+
+    assert start(Consumer("flow_declared", lambda p: None, global_concurrency=3, rate_limit="5/s")).limited
+    first = row()
+    again = start(Consumer("flow_declared", lambda p: None, global_concurrency=3, rate_limit="5/s"))
+    assert row() == first and first["xmax"] == "0"  # not written, not even locked
+    assert (again.global_concurrency, again.rate_limit) == (3, "5/s")
+    changed = start(Consumer("flow_declared", lambda p: None, global_concurrency=4, rate_limit="5/s"))
+    assert changed.global_concurrency == 4 and row()["xmin"] != first["xmin"]
+
+
 def test_the_dispatchers_unlimited_claim_is_one_statement_that_leaves_no_transaction_open(db_url):
     consumer = Consumer("plain_one", lambda payload: None)
     with psycopg.connect(db_url) as conn:
