@@ -1100,7 +1100,8 @@ def summarize(collected: dict[str, dict[str, list[Any]]]) -> dict[str, Any]:
         good = [r["jobs_per_s"] for r in runs if r and "jobs_per_s" in r]
         rates[name] = median(good)
         summary.setdefault("drain_jobs_per_s", {})[name] = {
-            "median": rates[name], "runs": [round(x) for x in good],
+            # (a binding limit's drain runs at tens of jobs a second: a decimal there)
+            "median": rates[name], "runs": [round(x) if x >= 1000 else round(x, 1) for x in good],
             "rss_start_kb": median([r["rss_start_kb"] for r in runs if r and "rss_start_kb" in r]),
             "rss_end_kb": median([r["rss_end_kb"] for r in runs if r and "rss_end_kb" in r]),
         }
@@ -1119,6 +1120,16 @@ def summarize(collected: dict[str, dict[str, list[Any]]]) -> dict[str, Any]:
         if re.fullmatch(r"outboxq_p[0-9]+", name):
             summary["ratios"][f"{name}_vs_pgqueuer_best"] = ratio(
                 rate, summary.get("pgqueuer_best", {}).get("jobs_per_s"))
+    # Flow control (issue 14): a limit that does not bind against the defaults of the same run; a binding
+    # concurrency limit against the rate it allows (its slots over the handlers' sleep).
+    for name, _label, _n, flow in flow_drains(0):
+        if rates.get(name) is None:
+            continue
+        if "sleep" in flow:
+            allowed = flow["consumer"]["global_concurrency"] / flow["sleep"]
+            summary["ratios"][f"{name}_of_the_{allowed:.0f}_allowed"] = ratio(rates[name], allowed)
+        elif "rate_limit" not in flow["consumer"]:
+            summary["ratios"][f"{name}_vs_defaults"] = ratio(rates[name], ours)
     ceilings = summary.get("pgbench_jobs_per_s") or {}
     if ceilings and ours:
         summary["ratios"]["outboxq_vs_pgbench_batched_best"] = ratio(ours, max(ceilings.values()))
@@ -1184,7 +1195,8 @@ def render(results: dict[str, Any]) -> str:
         lines += ["| drain | jobs/s (median) | runs | outboxq / this | worker RSS start → end |",
                   "| --- | ---: | --- | ---: | --- |"]
         for name, d in drain.items():
-            lines.append(f"| {name} | {_num(d['median'])} | {', '.join(f'{x:,}' for x in d['runs'])} | "
+            lines.append(f"| {name} | {_num(d['median'], 0 if (d['median'] or 0) >= 1000 else 1)} | "
+                         f"{', '.join(f'{x:,}' for x in d['runs'])} | "
                          f"{_num(ratio(ours, d['median']), 2)} | "
                          f"{_num((d['rss_start_kb'] or 0) / 1024, 1)} → {_num((d['rss_end_kb'] or 0) / 1024, 1)} MB |")
         for key, value in (s.get("pgbench_jobs_per_s") or {}).items():

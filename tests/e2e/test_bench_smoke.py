@@ -124,6 +124,30 @@ def test_summary_ratios_with_peer_runs():
     assert ratios["outboxq_vs_procrastinate_defaults"] == 20 and ratios["outboxq_vs_pgbench_batched_best"] == 0.2
 
 
+def test_summary_gives_the_flow_control_figures_as_the_issue_states_them():
+    # `--limits`: a limit that does not bind against the defaults of the same run; the binding
+    # global_concurrency=4 on jobs of 50 ms against the 80 jobs/s it allows, with its decimal.
+    def run(rate: float) -> dict:
+        return {"jobs_per_s": rate, "rss_start_kb": 1, "rss_end_kb": 1}
+
+    summary = summarize({"drain": {
+        "outboxq": [run(1000), run(1200)], "outboxq_gc10000": [run(950), run(1050)],
+        "outboxq_per_key_gc10000": [run(880)], "outboxq_gc4_50ms": [run(72.04), run(71.8)],
+        "outboxq_rate200": [run(193.4)],
+    }})
+    ratios = summary["ratios"]
+    assert ratios["outboxq_gc10000_vs_defaults"] == 1000 / 1100
+    assert ratios["outboxq_per_key_gc10000_vs_defaults"] == 880 / 1100
+    assert ratios["outboxq_gc4_50ms_of_the_80_allowed"] == 71.92 / 80
+    assert not any(name.startswith("outboxq_rate200") for name in ratios)  # its goal is a range of jobs/s
+    assert summary["drain_jobs_per_s"]["outboxq_gc4_50ms"]["runs"] == [72.0, 71.8]
+    results = {"machine": {"cpus": 2, "cpu_model": "x", "memory_gb": 1, "load_1m": 0, "python": "3"},
+               "server": {"version": "15", "synchronous_commit": "on", "fsync": "on", "shared_buffers": "1"},
+               "settings": {"rounds": 2, "jobs": 1, "peer_slow_jobs": 1}, "summary": summary}
+    table = render(results)
+    assert "| outboxq_gc4_50ms | 71.9 |" in table and "| outboxq_gc4_50ms_of_the_80_allowed | 0.90 |" in table
+
+
 def test_spark_bench_warms_both_engines_and_gives_each_rounds_rows_per_second(db_url):
     # A process of its own: the bench stops its Spark session when it ends.
     run = subprocess.run([sys.executable, "-m", "outboxq.cli", "spark", "bench", "--jobs", "300",
