@@ -49,7 +49,7 @@ class Completer:
             if pending:
                 try:
                     if conn is None or conn.closed:
-                        conn = s.connect()
+                        conn = s.connect_for_completions()
                     self.write(conn, pending)
                     s.metrics.jobs_finished(pending)
                     pending = []

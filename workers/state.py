@@ -80,6 +80,13 @@ class WorkerState:
         conn.execute(sql.claims_session_async)
         return conn
 
+    def connect_for_completions(self) -> DictConnection:
+        """The completer's connection: its statements planned once per connection (sql.completions_session)."""
+        conn = self.connect()
+        conn.execute(sql.completions_session)
+        conn.commit()
+        return conn
+
     def thread_connection(self) -> DictConnection:
         """A connection owned by the calling handler thread (for ctx.transaction())."""
         conn = getattr(self._local, "conn", None)

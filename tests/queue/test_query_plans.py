@@ -7,7 +7,9 @@ import json
 import uuid
 from datetime import UTC, datetime, timedelta
 
+import psycopg
 import pytest
+from psycopg import sql as pgsql
 
 from outboxq.queue import sql
 from outboxq.workers.claim_cursor import FROM_THE_FRONT
@@ -198,3 +200,32 @@ def test_the_limited_claim_and_the_usage_never_scan_the_finished_history(many_ke
         "default_max_attempts": 25, **FROM_THE_FRONT, "reserve": 0})
     assert_no_seq_scan(plan)
     assert reads_of_jobs(plan) and all(index is not None for _, index in reads_of_jobs(plan)), reads_of_jobs(plan)
+
+
+def test_the_completers_writes_are_planned_once_per_connection_and_find_jobs_by_primary_key(db_url):
+    """The completer's connection runs its statements with their generic plan (sql.completions_session): planned
+    once, not at every write of a few outcomes; made over a tiny table, that plan still reads the primary key
+    (a sequential scan, cheapest over 30 rows, would stay in it as the table grows)."""
+    from outboxq import enqueue_many
+    from outboxq.workers.executor import Outcome
+    from outboxq.workers.registry import Consumer
+    from outboxq.workers.runner import Worker
+
+    consumer = Consumer("plans_completed", lambda payload: None)
+    with psycopg.connect(db_url) as conn:
+        enqueue_many(conn, "plans_completed", [{} for _ in range(30)])
+        conn.commit()
+    worker = Worker([consumer], url=db_url, run_maintenance=False, listen=False)
+    with worker.state.connect_for_claims() as claims, worker.state.connect_for_completions() as conn:
+        for _ in range(12):
+            [job] = worker.claim(claims, consumer, 1)
+            worker.write_outcomes(conn, [Outcome(job=job, succeeded=True)])
+        [prepared] = conn.execute("SELECT name, generic_plans, custom_plans FROM pg_prepared_statements "
+                                  "WHERE statement LIKE %s", ("%WITH done AS (%",)).fetchall()
+        assert prepared["custom_plans"] == 0 and prepared["generic_plans"] >= 6, prepared
+        plan = conn.execute(pgsql.SQL("EXPLAIN (FORMAT JSON) EXECUTE {}({}, {})").format(
+            pgsql.Identifier(prepared["name"]), pgsql.Literal("{1,2}"), pgsql.Literal("{}"))).fetchone()
+        conn.rollback()
+    plan = plan["QUERY PLAN"][0]["Plan"]
+    assert_no_seq_scan(plan)
+    assert "outboxq_jobs_pkey" in {n.get("Index Name") for n in nodes(plan)}, json.dumps(plan)[:2000]

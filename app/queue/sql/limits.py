@@ -138,14 +138,12 @@ ORDER BY l.queue
 # A limited claim runs with its generic plan (psycopg prepares it from its sixth run on): planned once per
 # connection instead of before every claim. Left to plan_cache_mode "auto", PostgreSQL kept planning them anew
 # (the generic plan's estimates look dearer), and planning took a tenth of a per-key claim of 500 jobs (2-3 of
-# 25 ms, bench/flow_claim_explain.py --generic); the generic plans read the same indexes. Sequential scans are
-# priced out of it: the generic plan is made once, with the statistics of that moment, and kept until they
-# change (autovacuum); made while the queue was empty, it updated the claimed jobs through a sequential scan of
-# the jobs table (the cheapest path over an empty table), which every claim after it would then have run over
-# the whole table and its history. Every part of the claims has an index to read. For the rest of the claim's
-# transaction only (the dispatcher's own, or the completer's, whose last statement a claim is).
-claim_generic_plan = ("SELECT set_config('plan_cache_mode', 'force_generic_plan', true), "
-                      "set_config('enable_seqscan', 'off', true)")
+# 25 ms, bench/flow_claim_explain.py --generic); the generic plans read the same indexes. Without sequential
+# scans (sql.generic_plans): made while the queue was empty, the plan updated the claimed jobs through a
+# sequential scan of the jobs table, which every claim after it would have run over the whole table and its
+# history. For the rest of the claim's transaction only (the dispatcher's own, or the completer's, whose last
+# statement a claim is).
+claim_generic_plan = sql.generic_plans.format(local="true")
 
 _CLAIM_HEAD = "WITH queue_state AS ("
 _CLAIM_FRESH = "),\nfresh AS ("
