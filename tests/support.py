@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import psycopg
+from psycopg import sql as pgsql
 
 
 def wait_for(predicate, timeout: float = 30.0, interval: float = 0.02):
@@ -56,3 +58,15 @@ def stop_processes(*procs) -> None:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+def explain_prepared(conn, statement: str, values: dict) -> dict:
+    """EXPLAIN (FORMAT JSON) of the plan `conn` runs for `statement` as psycopg prepared it (the prepared statement
+    found by its text up to the first parameter; the values given as literals, in psycopg's order of first use).
+    A dict-row connection, in a transaction the caller rolls back."""
+    [prepared] = conn.execute("SELECT name FROM pg_prepared_statements WHERE starts_with(statement, %s)",
+                              (statement[:statement.index("%")],)).fetchall()
+    names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", statement)))
+    return conn.execute(pgsql.SQL("EXPLAIN (FORMAT JSON) EXECUTE {}({})").format(
+        pgsql.Identifier(prepared["name"]), pgsql.SQL(", ").join(pgsql.Literal(values[n]) for n in names)),
+    ).fetchone()["QUERY PLAN"][0]["Plan"]

@@ -254,7 +254,9 @@ class Dispatcher:
                              {"queue": consumer.queue, "first_slot": random.randrange(limits_sql.CLAIM_SLOTS)})
             else:
                 conn.execute(limits_sql.queue_limit_claim_exclusive, {"queue": consumer.queue})
-            conn.execute(limits_sql.claim_generic_plan)  # (planned once per connection, not before every claim)
+            # (Planned once per connection, not before every claim: the worker's own connections plan so for the
+            # whole session already, a caller's connection for this claim.)
+            conn.execute(limits_sql.claim_generic_plan)
             reserve = {"reserve": limits_sql.SHARED_RESERVE if shared else 0}
             if not limits.per_key:
                 jobs = self.claim(conn, consumer, limit, statement=limits_sql.job_claim_limited, params=reserve,

@@ -75,15 +75,17 @@ class WorkerState:
 
     def connect_for_claims(self) -> DictConnection:
         """The dispatcher's connection: autocommit, its commits not waiting for the disk (see
-        sql.claims_session_async); the dispatcher makes durable what must be (dispatcher.durable_transaction)."""
+        sql.claims_session_async); the dispatcher makes durable what must be (dispatcher.durable_transaction).
+        Its claims are planned once (sql.session_generic_plans)."""
         conn = self.connect(autocommit=True)
         conn.execute(sql.claims_session_async)
+        conn.execute(sql.session_generic_plans)
         return conn
 
     def connect_for_completions(self) -> DictConnection:
-        """The completer's connection: its statements planned once per connection (sql.completions_session)."""
+        """The completer's connection: its statements planned once per connection (sql.session_generic_plans)."""
         conn = self.connect()
-        conn.execute(sql.completions_session)
+        conn.execute(sql.session_generic_plans)
         conn.commit()
         return conn
 

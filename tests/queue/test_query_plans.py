@@ -9,10 +9,10 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
-from psycopg import sql as pgsql
 
 from outboxq.queue import sql
 from outboxq.workers.claim_cursor import FROM_THE_FRONT
+from tests.support import explain_prepared
 
 HISTORY = 200_000
 
@@ -202,30 +202,40 @@ def test_the_limited_claim_and_the_usage_never_scan_the_finished_history(many_ke
     assert reads_of_jobs(plan) and all(index is not None for _, index in reads_of_jobs(plan)), reads_of_jobs(plan)
 
 
-def test_the_completers_writes_are_planned_once_per_connection_and_find_jobs_by_primary_key(db_url):
-    """The completer's connection runs its statements with their generic plan (sql.completions_session): planned
-    once, not at every write of a few outcomes; made over a tiny table, that plan still reads the primary key
-    (a sequential scan, cheapest over 30 rows, would stay in it as the table grows)."""
+def test_the_workers_claims_and_writes_are_planned_once_per_connection_and_read_indexes_once_the_table_grows(
+        db_url):
+    """The dispatcher's and the completer's connections run their statements with their generic plan
+    (sql.session_generic_plans): planned once, not at every claim and every write of a few outcomes. Made while
+    the table held 30 jobs, where a sequential scan is cheapest, those plans still read the claim index and the
+    primary key once it holds 20,000 more."""
     from outboxq import enqueue_many
     from outboxq.workers.executor import Outcome
     from outboxq.workers.registry import Consumer
     from outboxq.workers.runner import Worker
 
-    consumer = Consumer("plans_completed", lambda payload: None)
+    consumer = Consumer("plans", lambda payload: None)
     with psycopg.connect(db_url) as conn:
-        enqueue_many(conn, "plans_completed", [{} for _ in range(30)])
+        enqueue_many(conn, "plans", [{} for _ in range(30)])
         conn.commit()
     worker = Worker([consumer], url=db_url, run_maintenance=False, listen=False)
-    with worker.state.connect_for_claims() as claims, worker.state.connect_for_completions() as conn:
+    with worker.state.connect_for_claims() as claims, worker.state.connect_for_completions() as writes:
         for _ in range(12):
             [job] = worker.claim(claims, consumer, 1)
-            worker.write_outcomes(conn, [Outcome(job=job, succeeded=True)])
-        [prepared] = conn.execute("SELECT name, generic_plans, custom_plans FROM pg_prepared_statements "
-                                  "WHERE statement LIKE %s", ("%WITH done AS (%",)).fetchall()
-        assert prepared["custom_plans"] == 0 and prepared["generic_plans"] >= 6, prepared
-        plan = conn.execute(pgsql.SQL("EXPLAIN (FORMAT JSON) EXECUTE {}({}, {})").format(
-            pgsql.Identifier(prepared["name"]), pgsql.Literal("{1,2}"), pgsql.Literal("{}"))).fetchone()
-        conn.rollback()
-    plan = plan["QUERY PLAN"][0]["Plan"]
-    assert_no_seq_scan(plan)
-    assert "outboxq_jobs_pkey" in {n.get("Index Name") for n in nodes(plan)}, json.dumps(plan)[:2000]
+            worker.write_outcomes(writes, [Outcome(job=job, succeeded=True)])
+        with psycopg.connect(db_url) as conn:
+            enqueue_many(conn, "plans", [{} for _ in range(20_000)])
+            conn.commit()
+        counts = [c.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements").fetchall()
+                  for c in (claims, writes)]
+        assert all(len(rows) == 1 and rows[0]["custom_plans"] == 0 and rows[0]["generic_plans"] >= 6
+                   for rows in counts), counts
+        claims.autocommit = False
+        claim = explain_prepared(claims, sql.job_claim_batch, {
+            "queue": "plans", "limit": 100, "lease_token": uuid.uuid4(), "lease_s": 60.0, "worker_id": "w",
+            "default_max_attempts": 25, **FROM_THE_FRONT})
+        claims.rollback()
+        complete = explain_prepared(writes, sql.job_complete_batch, {"ids": "{1,2}", "lease_tokens": "{}"})
+        writes.rollback()
+    for plan, index in ((claim, "outboxq_jobs_claim_idx"), (complete, "outboxq_jobs_pkey")):
+        assert_no_seq_scan(plan)
+        assert index in {n.get("Index Name") for n in nodes(plan)}, json.dumps(plan)[:2000]

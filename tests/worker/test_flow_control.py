@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -19,7 +18,6 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from psycopg import sql as pgsql
 from psycopg.rows import dict_row
 
 import tests.handlers_flow  # noqa: F401 - registers the consumers: enqueue computes their limit keys
@@ -31,7 +29,7 @@ from outboxq.workers.claim_cursor import FROM_THE_FRONT
 from outboxq.workers.registry import Consumer
 from outboxq.workers.runner import Worker
 from tests.handlers_flow import RUNS_DDL
-from tests.support import claim_running, stop_processes, wait_for
+from tests.support import claim_running, explain_prepared, stop_processes, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -521,20 +519,15 @@ def test_a_limited_claim_planned_while_the_queue_was_empty_reads_the_indexes_onc
         for _ in range(8):  # prepared from the sixth claim on, while the queue is empty
             assert worker.dispatcher.claim_limited(conn, consumer, queue_limits, 100) == []
         statement = limits_sql.job_claim_limited_per_key if per_key else limits_sql.job_claim_limited
-        [prepared] = conn.execute("SELECT name FROM pg_prepared_statements WHERE starts_with(statement, %s)",
-                                  (statement[:statement.index("%")],)).fetchall()
         _fill(db_url, "flow_empty", [{"tenant": f"t{i % 50}"} for i in range(20_000)],
               **({"limit_keys": [f"t{i % 50}" for i in range(20_000)]} if per_key else {}))
         # The plan the dispatcher's next claim runs: EXPLAIN EXECUTE takes it from the same plan cache.
-        names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", statement)))
-        values = {"queue": "flow_empty", "limit": 100, "lease_token": uuid.uuid4(), "lease_s": 60.0,
-                  "worker_id": "w", "default_max_attempts": 25, **FROM_THE_FRONT, "reserve": 0, "after_key": "",
-                  "max_keys": limits.key_budget(100)}
         conn.autocommit = False
         conn.execute(limits_sql.claim_generic_plan)
-        plan = conn.execute(pgsql.SQL("EXPLAIN (FORMAT JSON) EXECUTE {}({})").format(
-            pgsql.Identifier(prepared["name"]), pgsql.SQL(", ").join(pgsql.Literal(values[n]) for n in names)),
-        ).fetchone()["QUERY PLAN"][0]["Plan"]
+        plan = explain_prepared(conn, statement, {
+            "queue": "flow_empty", "limit": 100, "lease_token": uuid.uuid4(), "lease_s": 60.0, "worker_id": "w",
+            "default_max_attempts": 25, **FROM_THE_FRONT, "reserve": 0, "after_key": "",
+            "max_keys": limits.key_budget(100)})
         conn.rollback()
     scans = [(n["Node Type"], n.get("Index Name")) for n in _plan_nodes(plan)
              if n.get("Relation Name") == "outboxq_jobs"]
