@@ -78,15 +78,23 @@ class WorkerState:
         sql.claims_session_async); the dispatcher makes durable what must be (dispatcher.durable_transaction).
         Its claims are planned once (sql.session_generic_plans)."""
         conn = self.connect(autocommit=True)
-        conn.execute(sql.claims_session_async)
-        conn.execute(sql.session_generic_plans)
+        try:
+            conn.execute(sql.claims_session_async)
+            conn.execute(sql.session_generic_plans)
+        except BaseException:
+            conn.close()
+            raise
         return conn
 
     def connect_for_completions(self) -> DictConnection:
         """The completer's connection: its statements planned once per connection (sql.session_generic_plans)."""
         conn = self.connect()
-        conn.execute(sql.session_generic_plans)
-        conn.commit()
+        try:
+            conn.execute(sql.session_generic_plans)
+            conn.commit()
+        except BaseException:
+            conn.close()
+            raise
         return conn
 
     def thread_connection(self) -> DictConnection:

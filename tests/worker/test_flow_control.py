@@ -506,22 +506,24 @@ def test_per_key_claims_over_deep_keys_take_them_in_longer_turns_and_a_short_one
 
 @pytest.mark.parametrize("per_key", [False, True])
 def test_a_limited_claim_planned_while_the_queue_was_empty_reads_the_indexes_once_it_fills(db_url, per_key):
-    """A limited claim runs with the generic plan PostgreSQL made when psycopg prepared it (its sixth run), and
-    keeps it until the jobs table's statistics change (autovacuum). Made while the table was empty, that plan
-    must still read the indexes when the jobs pour in: a sequential scan of the jobs table (and of its history)
-    would be fast on the empty table and stay in the plan of every claim that follows."""
+    """A limited claim runs with the generic plan PostgreSQL made when psycopg prepared it, and keeps it until the
+    jobs table's statistics change (autovacuum). Made while the table was empty, that plan must still read the
+    indexes when the jobs pour in: a sequential scan of the jobs table (and of its history) would be fast on the
+    empty table and stay in the plan of every claim that follows. On a connection of the caller's (the worker's
+    own connections price sequential scans out for the whole session): the claim's own settings do it."""
     consumer = Consumer("flow_empty", lambda payload: None, global_concurrency=10_000,
                         **({"limit_by": "tenant"} if per_key else {}))
     worker = Worker([consumer], url=db_url, run_maintenance=False, listen=False)
-    with worker.state.connect_for_claims() as conn:
+    with worker.state.connect(autocommit=True) as conn:
         worker.dispatcher.read_limits(conn)
         queue_limits = worker.state.limits["flow_empty"]
-        for _ in range(8):  # prepared from the sixth claim on, while the queue is empty
+        for _ in range(8):  # prepared within these claims (a shared claim and an exclusive one each), queue empty
             assert worker.dispatcher.claim_limited(conn, consumer, queue_limits, 100) == []
         statement = limits_sql.job_claim_limited_per_key if per_key else limits_sql.job_claim_limited
         _fill(db_url, "flow_empty", [{"tenant": f"t{i % 50}"} for i in range(20_000)],
               **({"limit_keys": [f"t{i % 50}" for i in range(20_000)]} if per_key else {}))
-        # The plan the dispatcher's next claim runs: EXPLAIN EXECUTE takes it from the same plan cache.
+        # The plan the next claim runs: EXPLAIN EXECUTE takes it from the same plan cache (under the claim's
+        # plan_cache_mode, else it could plan anew for the EXPLAIN).
         conn.autocommit = False
         conn.execute(limits_sql.claim_generic_plan)
         plan = explain_prepared(conn, statement, {

@@ -299,7 +299,8 @@ failed AS (
         last_error = d.error, last_traceback = d.traceback,
         lease_token = NULL, lease_expires_at = NULL
     FROM decided d
-    WHERE j.id = d.id AND j.lease_token = d.lease_token AND j.status = 'running'
+    WHERE j.id = d.id AND j.lease_token = d.lease_token
+      AND (j.status = 'running') IS TRUE  -- by primary key, as job_complete_batch (not the lease index)
     RETURNING j.id, j.queue, j.attempts, j.status, d.error, d.traceback
 ),
 history AS (
