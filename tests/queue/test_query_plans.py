@@ -236,6 +236,12 @@ def test_the_workers_claims_and_writes_are_planned_once_per_connection_and_read_
         claims.rollback()
         complete = explain_prepared(writes, sql.job_complete_batch, {"ids": "{1,2}", "lease_tokens": "{}"})
         writes.rollback()
-    for plan, index in ((claim, "outboxq_jobs_claim_idx"), (complete, "outboxq_jobs_pkey")):
+    # Only the indexes meant for them (none that grows with the history, as the feed index would).
+    allowed = {"claim": {"outboxq_jobs_claim_idx", "outboxq_jobs_retry_idx", "outboxq_jobs_lease_idx",
+                         "outboxq_jobs_pkey", "outboxq_queues_pkey"},
+               "complete": {"outboxq_jobs_pkey", "outboxq_jobs_waiting_idx", "outboxq_job_dependencies_pkey",
+                            "outboxq_job_dependencies_depends_on_idx"}}
+    for name, plan, index in (("claim", claim, "outboxq_jobs_claim_idx"), ("complete", complete, "outboxq_jobs_pkey")):
         assert_no_seq_scan(plan)
-        assert index in {n.get("Index Name") for n in nodes(plan)}, json.dumps(plan)[:2000]
+        used = {n["Index Name"] for n in nodes(plan) if n.get("Index Name")}
+        assert index in used and used <= allowed[name], (name, used)

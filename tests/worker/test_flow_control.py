@@ -534,6 +534,10 @@ def test_a_limited_claim_planned_while_the_queue_was_empty_reads_the_indexes_onc
     scans = [(n["Node Type"], n.get("Index Name")) for n in _plan_nodes(plan)
              if n.get("Relation Name") == "outboxq_jobs"]
     assert scans and all(kind != "Seq Scan" for kind, _ in scans), scans
+    # Only the indexes meant for them (none that grows with the history, as the feed index would).
+    used = {n["Index Name"] for n in _plan_nodes(plan) if n.get("Index Name", "").startswith("outboxq_jobs_")}
+    assert used <= {"outboxq_jobs_claim_idx", "outboxq_jobs_retry_idx", "outboxq_jobs_lease_idx",
+                    "outboxq_jobs_limit_key_idx", "outboxq_jobs_pkey"}, used
 
 
 def _plan_nodes(plan):
