@@ -80,7 +80,7 @@ def explain_generic(conn: psycopg.Connection, kind: str, limit: int, after_key: 
         # Prepared with psycopg's parameter types, by a claim of no job, outside a transaction (psycopg
         # deallocates every statement when a transaction rolls back: prepared again for each run).
         conn.autocommit = True
-        conn.execute(limits_sql.claim_generic_plan.replace("true)", "false)"))  # (for the session)
+        conn.execute(sql.session_generic_plans)  # (as limits_sql.claim_generic_plan, for the session)
         conn.execute(CLAIMS[kind], params(0, after_key), prepare=True)
         name = conn.execute("SELECT name FROM pg_prepared_statements WHERE starts_with(statement, %s)",
                             (CLAIMS[kind][:CLAIMS[kind].index("%")],)).fetchone()["name"]

@@ -70,3 +70,10 @@ def explain_prepared(conn, statement: str, values: dict) -> dict:
     return conn.execute(pgsql.SQL("EXPLAIN (FORMAT JSON) EXECUTE {}({})").format(
         pgsql.Identifier(prepared["name"]), pgsql.SQL(", ").join(pgsql.Literal(values[n]) for n in names)),
     ).fetchone()["QUERY PLAN"][0]["Plan"]
+
+
+def plan_nodes(plan: dict):
+    """Every node of an EXPLAIN (FORMAT JSON) plan, depth first."""
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from plan_nodes(child)

@@ -77,21 +77,20 @@ class WorkerState:
         """The dispatcher's connection: autocommit, its commits not waiting for the disk (see
         sql.claims_session_async); the dispatcher makes durable what must be (dispatcher.durable_transaction).
         Its claims are planned once (sql.session_generic_plans)."""
-        conn = self.connect(autocommit=True)
-        try:
-            conn.execute(sql.claims_session_async)
-            conn.execute(sql.session_generic_plans)
-        except BaseException:
-            conn.close()
-            raise
-        return conn
+        return self._connect_with(sql.claims_session_async, sql.session_generic_plans, autocommit=True)
 
     def connect_for_completions(self) -> DictConnection:
         """The completer's connection: its statements planned once per connection (sql.session_generic_plans)."""
-        conn = self.connect()
+        return self._connect_with(sql.session_generic_plans)
+
+    def _connect_with(self, *session: str, autocommit: bool = False) -> DictConnection:
+        """A new connection with these session settings applied (closed again if they fail)."""
+        conn = self.connect(autocommit=autocommit)
         try:
-            conn.execute(sql.session_generic_plans)
-            conn.commit()
+            for statement in session:
+                conn.execute(statement)
+            if not autocommit:
+                conn.commit()
         except BaseException:
             conn.close()
             raise

@@ -12,7 +12,7 @@ import pytest
 
 from outboxq.queue import sql
 from outboxq.workers.claim_cursor import FROM_THE_FRONT
-from tests.support import explain_prepared
+from tests.support import explain_prepared, plan_nodes
 
 HISTORY = 200_000
 
@@ -46,18 +46,12 @@ def plan_of(conn, statement: str, params: dict) -> dict:
     return rows[0]["QUERY PLAN"][0]["Plan"]
 
 
-def nodes(plan: dict):
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from nodes(child)
-
-
 def scans_of_jobs(plan: dict) -> list[tuple[str, str | None]]:
-    return [(n["Node Type"], n.get("Index Name")) for n in nodes(plan) if n.get("Relation Name") == "outboxq_jobs"]
+    return [(n["Node Type"], n.get("Index Name")) for n in plan_nodes(plan) if n.get("Relation Name") == "outboxq_jobs"]
 
 
 def assert_no_seq_scan(plan: dict) -> None:
-    seq = [n for n in nodes(plan) if n["Node Type"] == "Seq Scan" and n.get("Relation Name") == "outboxq_jobs"]
+    seq = [n for n in plan_nodes(plan) if n["Node Type"] == "Seq Scan" and n.get("Relation Name") == "outboxq_jobs"]
     assert not seq, json.dumps(plan, indent=1)[:3000]
 
 
@@ -108,7 +102,7 @@ def error_history(history):
 
 
 def assert_no_seq_scan_of_history(plan: dict) -> None:
-    seq = [n for n in nodes(plan) if n["Node Type"] == "Seq Scan"
+    seq = [n for n in plan_nodes(plan) if n["Node Type"] == "Seq Scan"
            and n.get("Relation Name") in ("outboxq_jobs", "outboxq_job_errors")]
     assert not seq, json.dumps(plan, indent=1)[:3000]
 
@@ -123,7 +117,7 @@ def test_the_queue_listing_and_stats_read_unfinished_jobs_and_a_window_of_histor
                                                                                        params):
     plan = plan_of(error_history, getattr(sql, name), params)
     assert_no_seq_scan_of_history(plan)
-    scanned = [(n["Node Type"], n.get("Index Name")) for n in nodes(plan)
+    scanned = [(n["Node Type"], n.get("Index Name")) for n in plan_nodes(plan)
                if n.get("Relation Name") in ("outboxq_jobs", "outboxq_job_errors")]
     assert scanned and all(index is not None for _, index in scanned), scanned
 
@@ -165,7 +159,7 @@ def reads_of_jobs(plan: dict) -> list[tuple[str, str | None]]:
 
 
 def rows_read_from_jobs(plan: dict) -> int:
-    return sum(n.get("Actual Rows", 0) * n.get("Actual Loops", 1) for n in nodes(plan)
+    return sum(n.get("Actual Rows", 0) * n.get("Actual Loops", 1) for n in plan_nodes(plan)
                if n.get("Relation Name") == "outboxq_jobs" and "Scan" in n["Node Type"])
 
 
@@ -243,5 +237,5 @@ def test_the_workers_claims_and_writes_are_planned_once_per_connection_and_read_
                             "outboxq_job_dependencies_depends_on_idx"}}
     for name, plan, index in (("claim", claim, "outboxq_jobs_claim_idx"), ("complete", complete, "outboxq_jobs_pkey")):
         assert_no_seq_scan(plan)
-        used = {n["Index Name"] for n in nodes(plan) if n.get("Index Name")}
+        used = {n["Index Name"] for n in plan_nodes(plan) if n.get("Index Name")}
         assert index in used and used <= allowed[name], (name, used)

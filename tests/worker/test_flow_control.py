@@ -29,7 +29,7 @@ from outboxq.workers.claim_cursor import FROM_THE_FRONT
 from outboxq.workers.registry import Consumer
 from outboxq.workers.runner import Worker
 from tests.handlers_flow import RUNS_DDL
-from tests.support import claim_running, explain_prepared, stop_processes, wait_for
+from tests.support import claim_running, explain_prepared, plan_nodes, stop_processes, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -531,16 +531,10 @@ def test_a_limited_claim_planned_while_the_queue_was_empty_reads_the_indexes_onc
             "default_max_attempts": 25, **FROM_THE_FRONT, "reserve": 0, "after_key": "",
             "max_keys": limits.key_budget(100)})
         conn.rollback()
-    scans = [(n["Node Type"], n.get("Index Name")) for n in _plan_nodes(plan)
+    scans = [(n["Node Type"], n.get("Index Name")) for n in plan_nodes(plan)
              if n.get("Relation Name") == "outboxq_jobs"]
     assert scans and all(kind != "Seq Scan" for kind, _ in scans), scans
     # Only the indexes meant for them (none that grows with the history, as the feed index would).
-    used = {n["Index Name"] for n in _plan_nodes(plan) if n.get("Index Name", "").startswith("outboxq_jobs_")}
+    used = {n["Index Name"] for n in plan_nodes(plan) if n.get("Index Name", "").startswith("outboxq_jobs_")}
     assert used <= {"outboxq_jobs_claim_idx", "outboxq_jobs_retry_idx", "outboxq_jobs_lease_idx",
                     "outboxq_jobs_limit_key_idx", "outboxq_jobs_pkey"}, used
-
-
-def _plan_nodes(plan):
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from _plan_nodes(child)
