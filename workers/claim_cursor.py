@@ -37,7 +37,7 @@ class _Cursor:
 
 
 class ClaimCursors:
-    """The claim cursor of each queue of one worker (the dispatcher's claims, and the completer's refills)."""
+    """The claim cursor of each queue of one worker (its claims, on the dispatcher's thread or a caller's)."""
 
     def __init__(self) -> None:
         self._cursors: dict[str, _Cursor] = {}

@@ -1,19 +1,22 @@
 """The completer: writes handlers' outcomes in batches, in one transaction each: one statement completes every
 finished job at once, one fails every failed one (each with the fate its retry policy decided), all fenced by
-their lease tokens; freed slots of concurrency-bound queues are refilled in the same transaction."""
+their lease tokens; the slots that completions free in a concurrency-bound queue go to its next jobs in the
+completing statement (Dispatcher.complete_handing_over)."""
 
 from __future__ import annotations
 
 import logging
 import queue as queue_module
 import time
-from collections.abc import Callable
+from contextlib import nullcontext
+from typing import Any
 
 import psycopg
 
-from outboxq.db import DictConnection, array_literal
+from outboxq.db import DictConnection
 from outboxq.queue import sql
-from outboxq.workers.executor import Outcome
+from outboxq.workers.dispatcher import Dispatcher, Handover
+from outboxq.workers.executor import Outcome, completion_params
 from outboxq.workers.state import RECONNECT_DELAY_S, WorkerState
 
 log = logging.getLogger("outboxq.worker")
@@ -22,14 +25,23 @@ log = logging.getLogger("outboxq.worker")
 class Completer:
     """Writes outcomes back (its own thread and connection)."""
 
-    def __init__(self, state: WorkerState, claim_into_freed_slots: Callable[[DictConnection, list[Outcome]], set[str]]):
+    def __init__(self, state: WorkerState, dispatcher: Dispatcher):
         self.state = state
-        self.claim_into_freed_slots = claim_into_freed_slots  # the dispatcher's, run in the completer's transaction
+        self.dispatcher = dispatcher  # its claims into the slots that completions free
 
     def loop(self) -> None:
         """Write outcomes until the worker has finished and every outcome is written."""
         s = self.state
         conn: DictConnection | None = None
+        try:
+            # Up front: the first outcomes do not wait for a new session (a connection, then the catalog reads
+            # of its first statements: 12-15 ms after the first job of a global_concurrency=4 drain).
+            conn = s.connect_for_completions()
+            self.dispatcher.prepare_handovers(conn)
+        except psycopg.Error as exc:
+            log.warning("completer: cannot connect (%s); trying again when an outcome comes", exc)
+            if conn is not None:
+                conn.close()
         pending: list[Outcome] = []
         give_up_at: float | None = None
         while True:
@@ -72,58 +84,43 @@ class Completer:
             conn.close()
 
     def write(self, conn: DictConnection, outcomes: list[Outcome]) -> None:
-        """Write every outcome in one transaction: one statement completes all the successes."""
+        """Write every outcome in one transaction: one statement completes all the successes (and, for a queue
+        that hands its slots over, claims its next jobs into them). Where that is the only statement, it is the
+        whole transaction on the completer's autocommit connection: one round trip."""
         s = self.state
         to_complete = [o for o in outcomes if o.succeeded and not o.completed_in_transaction and not o.fenced]
-        completed_ids: set[int] = set()
         with_results = [o for o in outcomes if o.succeeded and not o.fenced and o.result_json is not None]
-        if with_results:
-            conn.execute(sql.job_store_results, {
-                "ids": [o.job.id for o in with_results],
-                "lease_tokens": [None if o.completed_in_transaction else o.job.lease_token for o in with_results],
-                "results": [o.result_json for o in with_results],
-            })
-        if to_complete:
-            # A claim's jobs share its token object: a few per batch, each made text once (keyed by identity,
-            # since a UUID's hash is computed in Python).
-            tokens = {id(o.job.lease_token): o.job.lease_token for o in to_complete}
-            texts = {key: str(token) for key, token in tokens.items()}
-            rows = conn.execute(sql.job_complete_batch, {
-                "ids": array_literal(o.job.id for o in to_complete),
-                "lease_tokens": array_literal(texts[id(o.job.lease_token)] for o in to_complete),
-            }).fetchall()
-            completed_ids = {r["id"] for r in rows if r["id"] is not None}
-        failed_writes = []
-        to_fail: list[Outcome] = []
-        for o in outcomes:
-            if o.fenced or o.succeeded:
-                continue
-            if o.cancelled:
-                failed_writes.append((o, conn.execute(sql.job_finish_cancelled, {
-                    "id": o.job.id, "lease_token": o.job.lease_token}).fetchone()))
-                continue
-            if o.snooze_s is not None:
-                failed_writes.append((o, conn.execute(sql.job_snooze, {
-                    "id": o.job.id, "lease_token": o.job.lease_token, "delay": o.snooze_s,
-                    "error": o.error}).fetchone()))
-                continue
-            to_fail.append(o)
-        if to_fail:
-            decisions = [o.job.consumer.retry_policy(s.settings).decide(o.job.attempts, o.job.max_attempts)
-                         for o in to_fail]
-            failed_rows = {r["id"]: r for r in conn.execute(sql.job_fail_batch, {
-                "ids": [o.job.id for o in to_fail], "lease_tokens": [o.job.lease_token for o in to_fail],
-                "statuses": [status for status, _ in decisions], "delays": [delay for _, delay in decisions],
-                "errors": [o.error or "failed" for o in to_fail], "tracebacks": [o.traceback for o in to_fail],
-                "mark_failing": True,
-            }).fetchall()}
-            failed_writes += [(o, failed_rows.get(o.job.id)) for o in to_fail]
+        to_end = [o for o in outcomes if not o.fenced and not o.succeeded]  # failed, snoozed, cancelled
         succeeded_queues = {o.job.queue for o in outcomes if o.succeeded and not o.fenced}
-        for queue_name in succeeded_queues & s.failing_queues:
-            conn.execute(sql.queue_mark_healthy, {"queue": queue_name})
-        refilled = self.claim_into_freed_slots(conn, outcomes)  # flow control: commits with the outcomes
-        conn.commit()
+        now_healthy = succeeded_queues & s.failing_queues
+        one_statement = conn.autocommit and not (with_results or to_end or now_healthy)
+        completed_ids: set[int] = set()
+        handover: Handover | None = None
+        failed_writes = []
+        with nullcontext() if one_statement or not conn.autocommit else conn.transaction():
+            if with_results:
+                conn.execute(sql.job_store_results, {
+                    "ids": [o.job.id for o in with_results],
+                    "lease_tokens": [None if o.completed_in_transaction else o.job.lease_token
+                                     for o in with_results],
+                    "results": [o.result_json for o in with_results],
+                })
+            if to_complete:
+                handover = self.dispatcher.complete_handing_over(conn, to_complete, outcomes)
+                if handover is not None:
+                    completed_ids = handover.completed_ids
+                else:
+                    completed_ids = self._complete(conn, to_complete)
+            failed_writes = self._end(conn, to_end)
+            for queue_name in now_healthy:
+                conn.execute(sql.queue_mark_healthy, {"queue": queue_name})
+        if not conn.autocommit:  # (a caller's connection: write_outcomes)
+            conn.commit()
         s.failing_queues -= succeeded_queues
+        if handover is not None:  # committed: the jobs claimed into the freed slots are this worker's
+            self.dispatcher.hold(handover.jobs)
+            for job in handover.jobs:
+                s.work.put(job)
 
         for o in to_complete:
             if o.job.id in completed_ids:
@@ -155,12 +152,46 @@ class Completer:
             durations = [o.duration_s for o in outcomes if o.job.queue == queue_name]
             mean, before = sum(durations) / len(durations), s.job_seconds.get(queue_name)
             s.job_seconds[queue_name] = mean if before is None else 0.7 * before + 0.3 * mean
-        freed -= refilled  # (the slots refilled above need no claim from the dispatcher)
+        if handover is not None and len(handover.jobs) == sum(o.job.queue == handover.queue for o in outcomes):
+            freed.discard(handover.queue)  # (its slots were all handed over: no claim from the dispatcher)
         if freed:
             s.slots_freed += 1
         for queue_name in freed:
             s.idle_until[queue_name] = 0.0  # a slot of a limited queue is free: claim again now
         s.wake.set()
+
+    def _complete(self, conn: DictConnection, to_complete: list[Outcome]) -> set[int]:
+        """Complete these jobs (one statement, each fenced by its lease token); the ids completed."""
+        rows = conn.execute(sql.job_complete_batch, completion_params(to_complete)).fetchall()
+        return {r["id"] for r in rows if r["id"] is not None}
+
+    def _end(self, conn: DictConnection, to_end: list[Outcome]) -> list[tuple[Outcome, Any]]:
+        """Write the outcomes that did not succeed (cancelled, snoozed, failed: each failure with the fate its
+        retry policy decided); each with its row, None where the write was fenced."""
+        s = self.state
+        failed_writes = []
+        to_fail: list[Outcome] = []
+        for o in to_end:
+            if o.cancelled:
+                failed_writes.append((o, conn.execute(sql.job_finish_cancelled, {
+                    "id": o.job.id, "lease_token": o.job.lease_token}).fetchone()))
+            elif o.snooze_s is not None:
+                failed_writes.append((o, conn.execute(sql.job_snooze, {
+                    "id": o.job.id, "lease_token": o.job.lease_token, "delay": o.snooze_s,
+                    "error": o.error}).fetchone()))
+            else:
+                to_fail.append(o)
+        if to_fail:
+            decisions = [o.job.consumer.retry_policy(s.settings).decide(o.job.attempts, o.job.max_attempts)
+                         for o in to_fail]
+            failed_rows = {r["id"]: r for r in conn.execute(sql.job_fail_batch, {
+                "ids": [o.job.id for o in to_fail], "lease_tokens": [o.job.lease_token for o in to_fail],
+                "statuses": [status for status, _ in decisions], "delays": [delay for _, delay in decisions],
+                "errors": [o.error or "failed" for o in to_fail], "tracebacks": [o.traceback for o in to_fail],
+                "mark_failing": True,
+            }).fetchall()}
+            failed_writes += [(o, failed_rows.get(o.job.id)) for o in to_fail]
+        return failed_writes
 
     def _log_fenced(self, outcome: Outcome, what: str) -> None:
         s = self.state

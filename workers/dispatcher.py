@@ -9,19 +9,20 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg.pq import TransactionStatus
 
-from outboxq.db import DictConnection
+from outboxq.db import DictConnection, array_literal
 from outboxq.queue import limits as flow_limits
 from outboxq.queue import sql
 from outboxq.queue.jobs import CLAIM_ORDER
 from outboxq.queue.sql import limits as limits_sql
 from outboxq.workers.claim_cursor import FROM_THE_FRONT, ClaimCursors
 from outboxq.workers.context import JobContext
-from outboxq.workers.executor import ClaimedJob, Outcome
+from outboxq.workers.executor import ClaimedJob, Outcome, completion_params
 from outboxq.workers.registry import Consumer
 from outboxq.workers.state import RECONNECT_DELAY_S, WorkerState
 
@@ -57,6 +58,16 @@ def durable_transaction(conn: DictConnection) -> Iterator[None]:
         # A block that failed leaves its transaction open: the dispatcher's error handling closes the connection.
         if own and not conn.closed and conn.info.transaction_status == TransactionStatus.IDLE:
             conn.autocommit = True
+
+
+@dataclass
+class Handover:
+    """What a completion that handed its slots over did: the jobs it completed, and the jobs it claimed into
+    their slots (committed with the completion; the completer holds them and hands them out after its commit)."""
+
+    queue: str
+    completed_ids: set[int]
+    jobs: list[ClaimedJob]
 
 
 class Dispatcher:
@@ -183,29 +194,59 @@ class Dispatcher:
         with s.lock:
             return min(room, s.concurrency - len(s.in_flight))
 
-    def claim_into_freed_slots(self, conn: DictConnection, outcomes: list[Outcome]) -> set[str]:
-        """Refill the slots of concurrency-bound queues whose jobs just ended, in the transaction that frees them
-        (the completer calls this): one commit and one hand-off to the dispatcher fewer between a job's end and
-        the next one's start. Returns the queues whose freed slots were all refilled."""
+    def hands_over(self, limits: flow_limits.QueueLimits) -> bool:
+        """Whether the slots that a queue's completions free go straight to its next jobs, in the completion's
+        statement (limits_sql.job_complete_handing_over): a global concurrency limit that can bind within this
+        worker, and no other limit (a start must be counted in the rate window; a key's slot is not another
+        key's)."""
+        return (limits.rate_limit_count is None and not limits.per_key and limits.global_concurrency is not None
+                and limits.global_concurrency < self.state.max_in_flight)
+
+    def complete_handing_over(self, conn: DictConnection, to_complete: list[Outcome],
+                              outcomes: list[Outcome]) -> Handover | None:
+        """Complete these jobs and, in the same statement, claim the next jobs of a queue that hands its slots
+        over (hands_over) into the slots they free (the completer's write; one statement, one round trip). None
+        when no queue among them hands over: the completer completes them as usual. The jobs claimed are not
+        held yet: the completer hands them out once its write has committed (Handover)."""
         s = self.state
-        refilled: set[str] = set()
-        if not s.limits or s.stopping.is_set():
-            return refilled
+        if s.stopping.is_set():
+            return None
         for queue_name, limits in s.limits.items():
-            if (limits.rate_limit_count is not None or limits.per_key or limits.global_concurrency is None
-                    or limits.global_concurrency >= s.max_in_flight):
-                continue  # rate limits and per-key rounds stay with the dispatcher
-            ended = sum(1 for o in outcomes if o.job.queue == queue_name)
+            handed = [o for o in to_complete if o.job.queue == queue_name]
+            if not handed or not self.hands_over(limits):
+                continue
             with s.lock:  # the outcomes' jobs still count in in_flight until written
                 idle = s.concurrency - (len(s.in_flight) - len(outcomes))
-            wanted = min(ended, idle)
-            if wanted > 0:
-                jobs = self.claim_limited(conn, s.consumers[queue_name], limits, wanted)
-                for job in jobs:
-                    s.work.put(job)
-                if len(jobs) == wanted:
-                    refilled.add(queue_name)
-        return refilled
+            if idle <= 0:
+                return None
+            consumer = s.consumers[queue_name]
+            lease_token, rows = self._complete_handing_over(conn, consumer, to_complete, handed, min(len(handed), idle))
+            claimed = claim_order([r for r in rows if r["id"] is not None])
+            return Handover(queue=queue_name, completed_ids=set(rows[0]["completed_ids"] or ()),
+                            jobs=self._claimed_jobs(consumer, lease_token, claimed))
+        return None
+
+    def prepare_handovers(self, conn: DictConnection) -> None:
+        """Run the completion that hands slots over once with no job, for each queue whose consumer declares a
+        limit that hands over (the completer, on connecting): a new session's first run of it reads the
+        catalog and plans it (11-12 ms measured), off the path from a job's end to the next one's start."""
+        for consumer in self.state.consumers.values():
+            if self.hands_over(consumer.limits):
+                self._complete_handing_over(conn, consumer, [], [], 1)
+
+    def _complete_handing_over(self, conn: DictConnection, consumer: Consumer, to_complete: list[Outcome],
+                               handed: list[Outcome], limit: int) -> tuple[uuid.UUID, list[dict[str, Any]]]:
+        """Run limits_sql.job_complete_handing_over; its claim's lease token and its rows."""
+        values = self._claim_values(consumer, limit)
+        # A slow queue's small claims read the claim index from the front: the claim cursor is the dispatcher
+        # thread's.
+        rows = conn.execute(limits_sql.job_complete_handing_over, {
+            **values, **FROM_THE_FRONT, **completion_params(to_complete),
+            "handed_ids": array_literal(o.job.id for o in handed),
+            # A lease at least half left: the statement and its commit are long over before it expires.
+            "lease_margin_s": values["lease_s"] / 2,
+        }).fetchall()
+        return values["lease_token"], rows
 
     def claim_limited(self, conn: DictConnection, consumer: Consumer, limits: flow_limits.QueueLimits,
                       limit: int) -> list[ClaimedJob]:
@@ -216,8 +257,8 @@ class Dispatcher:
         running and every start (the slots: outboxq.queue.sql.limits)."""
         jobs: list[ClaimedJob] = []
         # Shared only on the dispatcher's own connection, where each claim commits before the next: in a
-        # caller's transaction (the completer's refills) the shared slot would still be held while the exclusive
-        # claim waits for every slot, and two such claims would deadlock.
+        # caller's transaction the shared slot would still be held while the exclusive claim waits for every
+        # slot, and two such claims would deadlock.
         if conn.autocommit and flow_limits.shares_claim_slots(limits, limit):
             jobs, held_back = self._claim_in_slot(conn, consumer, limits, limit, shared=True)
             if len(jobs) == limit or (jobs and not held_back):
@@ -327,19 +368,7 @@ class Dispatcher:
               order: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] | None = None) -> list[ClaimedJob]:
         """Claim up to `limit` jobs of the consumer's queue under a fresh lease token (committed), handed to the
         handlers in claim order (priority, run_at, id), or in the order `order` gives the rows."""
-        s = self.state
-        lease_token = uuid.uuid4()
-        lease_s = consumer.effective_lease_s(s.settings)
-        policy = consumer.retry_policy(s.settings)
-        values = {
-            "queue": consumer.queue,
-            "limit": limit,
-            "lease_token": lease_token,
-            "lease_s": lease_s,
-            "worker_id": s.worker_id,
-            "default_max_attempts": policy.max_attempts,
-            **(params or {}),
-        }
+        values = {**self._claim_values(consumer, limit), **(params or {})}
         if statement is sql.job_claim_batch and conn.autocommit:
             # The dispatcher's connection (WorkerState.connect_for_claims): each claim statement is a transaction
             # of its own, committed in its one round trip without waiting for the disk.
@@ -362,9 +391,29 @@ class Dispatcher:
             conn.commit()
         if not rows:
             return []
-        if rows[0]["queue_failing"]:
+        jobs = self._claimed_jobs(consumer, values["lease_token"], (order or claim_order)(rows))
+        self.hold(jobs)
+        return jobs
+
+    def _claim_values(self, consumer: Consumer, limit: int) -> dict[str, Any]:
+        """A claim's parameters: the queue, how many, a fresh lease token, the lease, the worker, the default
+        attempts."""
+        s = self.state
+        return {
+            "queue": consumer.queue,
+            "limit": limit,
+            "lease_token": uuid.uuid4(),
+            "lease_s": consumer.effective_lease_s(s.settings),
+            "worker_id": s.worker_id,
+            "default_max_attempts": consumer.retry_policy(s.settings).max_attempts,
+        }
+
+    def _claimed_jobs(self, consumer: Consumer, lease_token: uuid.UUID,
+                      rows: list[dict[str, Any]]) -> list[ClaimedJob]:
+        """The jobs of a claim's rows (in the order given), each with its context."""
+        s = self.state
+        if rows and rows[0]["queue_failing"]:
             s.failing_queues.add(consumer.queue)
-        rows = (order or claim_order)(rows)
         jobs = []
         for r in rows:
             payload = r["payload"] if r["payload_bytes"] is None else bytes(r["payload_bytes"])
@@ -379,9 +428,13 @@ class Dispatcher:
                 captured_context=job.context, connection_factory=s.thread_connection,
             )
             jobs.append(job)
+        return jobs
+
+    def hold(self, jobs: list[ClaimedJob]) -> None:
+        """Count claimed jobs as this worker's (in flight, waiting for a handler)."""
+        s = self.state
         with s.lock:
             for job in jobs:
                 s.in_flight[job.id] = job
             s.buffered += len(jobs)
         s.stats["claimed"] += len(jobs)
-        return jobs

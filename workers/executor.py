@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from outboxq import tracing
+from outboxq.db import array_literal
 from outboxq.errors import LeaseLost, Snooze
 from outboxq.queue import context as job_context
 from outboxq.workers.context import JobContext
@@ -76,6 +77,16 @@ class Outcome:
         if self.error and "timed out" in self.error:
             return "timed_out"
         return "failed"
+
+
+def completion_params(succeeded: list[Outcome]) -> dict[str, str]:
+    """The ids and lease tokens of jobs to complete, as the completion statements take them (array literals)."""
+    # A claim's jobs share its token object: a few per batch, each made text once (keyed by identity, since a
+    # UUID's hash is computed in Python).
+    tokens = {id(o.job.lease_token): o.job.lease_token for o in succeeded}
+    texts = {key: str(token) for key, token in tokens.items()}
+    return {"ids": array_literal(o.job.id for o in succeeded),
+            "lease_tokens": array_literal(texts[id(o.job.lease_token)] for o in succeeded)}
 
 
 def is_unique_violation(exc: BaseException) -> bool:

@@ -93,7 +93,7 @@ class Worker:
                           else [s for s in self.registry.schedules() if s.queue in by_queue])
         self.dispatcher = Dispatcher(self.state)
         self.handlers = HandlerThreads(self.state)
-        self.completer = Completer(self.state, self.dispatcher.claim_into_freed_slots)
+        self.completer = Completer(self.state, self.dispatcher)
         self.heartbeat = Heartbeat(self.state, self.handlers.spawn)
         self.scheduler: Scheduler | None = None
         self.maintenance: Maintenance | None = None

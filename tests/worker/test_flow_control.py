@@ -538,3 +538,89 @@ def test_a_limited_claim_planned_while_the_queue_was_empty_reads_the_indexes_onc
     used = {n["Index Name"] for n in plan_nodes(plan) if n.get("Index Name", "").startswith("outboxq_jobs_")}
     assert used <= {"outboxq_jobs_claim_idx", "outboxq_jobs_retry_idx", "outboxq_jobs_lease_idx",
                     "outboxq_jobs_limit_key_idx", "outboxq_jobs_pkey"}, used
+
+
+def _status(db_url, job_id):
+    return _count(db_url, "SELECT status FROM outboxq_jobs WHERE id = %s", job_id)
+
+
+def _running(db_url, queue):
+    return _count(db_url, "SELECT count(*) FROM outboxq_jobs WHERE queue = %s AND status = 'running'", queue)
+
+
+def _handover_queue(db_url, queue, limit, jobs):
+    """A queue limited to `limit` running, `jobs` queued, its worker (not started, its limits read), and `limit` of
+    its jobs claimed by that worker (held, not yet given to a handler)."""
+    consumer, worker, queue_limits = _limited_queue(db_url, queue, limit, jobs, per_key=False)
+    with worker.state.connect_for_claims() as claims:
+        worker.dispatcher.read_limits(claims)
+        running = worker.claim_limited(claims, consumer, queue_limits, limit)
+    assert len(running) == limit and worker.dispatcher.hands_over(worker.state.limits[queue])
+    return worker, running
+
+
+def _handed_out(worker):
+    """The jobs given to the handlers since the last call."""
+    jobs = []
+    while not worker.state.work.empty():
+        jobs.append(worker.state.work.get_nowait())
+    return jobs
+
+
+def test_a_completion_hands_its_slot_to_the_queues_next_job_in_one_statement_without_a_claim_slot(db_url):
+    """A queue whose only limit is a global concurrency that binds within the worker: the completer's write
+    completes the job and claims the queue's next one into the slot it frees, in one statement (on the completer's
+    autocommit connection: no transaction left open), without the claim slots that the dispatcher's claims wait
+    for (held here by another session): the count of running jobs does not change, so it needs none. The job
+    claimed goes to the handlers, held by the worker."""
+    from outboxq.workers.executor import Outcome
+
+    worker, running = _handover_queue(db_url, "flow_handover", 2, 5)
+    with psycopg.connect(db_url) as slots, worker.state.connect_for_completions() as writes:
+        writes.execute("SET lock_timeout = '2s'")  # (waiting for the claim slots would fail the write)
+        slots.execute(limits_sql.queue_limit_claim_exclusive, {"queue": "flow_handover"})
+        worker.write_outcomes(writes, [Outcome(job=running[0], succeeded=True)])
+        assert writes.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    [handed] = _handed_out(worker)
+    assert handed.id not in {j.id for j in running} and handed.id in worker.state.in_flight
+    assert _status(db_url, running[0].id) == "done" and _status(db_url, handed.id) == "running"
+    assert _running(db_url, "flow_handover") == 2
+    assert worker.state.idle_until["flow_handover"] == 0.0  # (untouched: the dispatcher need not claim)
+
+
+def test_a_handover_keeps_a_lowered_limit_and_leaves_slots_near_their_lease_end_to_the_counted_claim(db_url):
+    """A slot is handed over only while the queue runs no more than its limit: after the limit is lowered from 3
+    to 2, the first completion frees its slot for good and the next one hands its slot over. A job whose lease is
+    nearly over (less than half left) does not hand its slot over: once expired it no longer counts as running,
+    and another claim may have taken its slot already; the dispatcher is told to claim instead. A completion
+    fenced out (its lease taken away) completes nothing and hands nothing over."""
+    from dataclasses import replace
+
+    from outboxq.workers.executor import Outcome
+
+    worker, running = _handover_queue(db_url, "flow_handover_low", 3, 8)
+    with psycopg.connect(db_url) as conn:
+        limits.set_limits(conn, "flow_handover_low", global_concurrency=2, set_concurrency=True)
+        conn.commit()
+    with worker.state.connect_for_claims() as claims:
+        worker.dispatcher.read_limits(claims)
+    with worker.state.connect_for_completions() as writes:
+        worker.write_outcomes(writes, [Outcome(job=running[0], succeeded=True)])
+        assert _handed_out(worker) == [] and _running(db_url, "flow_handover_low") == 2
+        worker.write_outcomes(writes, [Outcome(job=running[1], succeeded=True)])
+        [handed] = _handed_out(worker)
+        assert _running(db_url, "flow_handover_low") == 2
+
+        fenced = replace(handed, lease_token=uuid.uuid4())
+        worker.write_outcomes(writes, [Outcome(job=fenced, succeeded=True)])
+        assert _handed_out(worker) == [] and _status(db_url, handed.id) == "running"
+        assert worker.state.stats["fenced"] == 1
+
+        with psycopg.connect(db_url) as conn:
+            conn.execute("UPDATE outboxq_jobs SET lease_expires_at = now() + interval '5 seconds' WHERE id = %s",
+                         (running[2].id,))
+        worker.state.idle_until["flow_handover_low"] = 1e12
+        worker.write_outcomes(writes, [Outcome(job=running[2], succeeded=True)])
+        assert _status(db_url, running[2].id) == "done"
+        assert _handed_out(worker) == [] and _running(db_url, "flow_handover_low") == 1
+        assert worker.state.idle_until["flow_handover_low"] == 0.0  # the dispatcher claims the free slot

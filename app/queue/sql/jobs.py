@@ -240,12 +240,11 @@ RETURNING j.id, j.queue, j.key, j.payload, j.payload_bytes, j.attempts, j.max_at
 # one's token looked up in a jsonb object built once (a binary search): otherwise the planner may scan the
 # whole lease index (status = 'running'), whose dead entries (every job that ran since the last vacuum)
 # make each completion slower than the last during a long drain, or loop over the pairs for every row.
-_JOB_COMPLETE = f"""
-WITH done AS (
+JOB_COMPLETE_CTES = """done AS (
     UPDATE outboxq_jobs j
     SET status = 'done', finished_at = now(), lease_token = NULL, lease_expires_at = NULL
     WHERE j.id = ANY(%(ids)s::bigint[])
-      AND {{fence}}
+      AND {fence}
       AND (j.status = 'running') IS TRUE  -- written so that the lease index's predicate does not match
     RETURNING j.id
 ),
@@ -260,14 +259,15 @@ released AS (
           WHERE d2.job_id = w.id AND dep.status <> 'done'
             AND dep.id NOT IN (SELECT id FROM done))
     RETURNING w.queue
-)
-SELECT id FROM done
-UNION ALL
-SELECT NULL FROM (SELECT DISTINCT queue FROM released) AS q, pg_notify('{NOTIFY_CHANNEL}', q.queue)
-"""
-job_complete_batch = _JOB_COMPLETE.format(
-    fence="j.lease_token = ((SELECT jsonb_object(%(ids)s::bigint[]::text[], %(lease_tokens)s::uuid[]::text[]))"
-          "\n                           ->> j.id::text)::uuid")
+)"""
+# The queues of the jobs released above are woken (the notifications are sent at commit).
+JOB_COMPLETE_NOTIFY = (f"SELECT NULL FROM (SELECT DISTINCT queue FROM released) AS q, "
+                       f"pg_notify('{NOTIFY_CHANNEL}', q.queue)")
+_JOB_COMPLETE = "\nWITH " + JOB_COMPLETE_CTES + "\nSELECT id FROM done\nUNION ALL\n" + JOB_COMPLETE_NOTIFY + "\n"
+# Each job fenced by its own token (a worker's completions; flow control's too, limits_sql).
+FENCE_BY_TOKENS = ("j.lease_token = ((SELECT jsonb_object(%(ids)s::bigint[]::text[], %(lease_tokens)s::uuid[]::text[]))"
+                   "\n                           ->> j.id::text)::uuid")
+job_complete_batch = _JOB_COMPLETE.format(fence=FENCE_BY_TOKENS)
 
 # The same for jobs that share one lease token (a Spark snapshot's): no per-job lookup (100,000 jobs: 1.8 ->
 # 1.4 s), and one token sent instead of one per job.
