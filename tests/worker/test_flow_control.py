@@ -624,3 +624,25 @@ def test_a_handover_keeps_a_lowered_limit_and_leaves_slots_near_their_lease_end_
         assert _status(db_url, running[2].id) == "done"
         assert _handed_out(worker) == [] and _running(db_url, "flow_handover_low") == 1
         assert worker.state.idle_until["flow_handover_low"] == 0.0  # the dispatcher claims the free slot
+
+
+def test_a_write_with_a_failure_hands_over_only_the_completed_jobs_slot_in_one_transaction(db_url):
+    """A write that fails one job and completes another is one transaction (on the completer's autocommit
+    connection too): the completed job's slot goes to the queue's next job in it, the failed job's (now retrying)
+    to the dispatcher's counted claim."""
+    from outboxq.workers.executor import Outcome
+
+    worker, running = _handover_queue(db_url, "flow_handover_mixed", 2, 5)
+    with worker.state.connect_for_completions() as writes:
+        worker.state.idle_until["flow_handover_mixed"] = 1e12
+        worker.write_outcomes(writes, [Outcome(job=running[0], succeeded=True),
+                                       Outcome(job=running[1], succeeded=False, error="boom")])
+        assert writes.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    [handed] = _handed_out(worker)
+    assert _status(db_url, running[0].id) == "done" and _status(db_url, running[1].id) == "retrying"
+    assert _running(db_url, "flow_handover_mixed") == 1 and _status(db_url, handed.id) == "running"
+    assert worker.state.idle_until["flow_handover_mixed"] == 0.0  # the dispatcher claims the failed job's slot
+    assert worker.state.stats["completed"] == 1 and worker.state.stats["failed"] == 1
+    # One transaction wrote the three rows.
+    assert _count(db_url, "SELECT count(DISTINCT xmin::text) FROM outboxq_jobs WHERE id = ANY(%s)",
+                  [running[0].id, running[1].id, handed.id]) == 1
