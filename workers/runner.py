@@ -124,6 +124,10 @@ class Worker:
             sys.setswitchinterval(s.settings.worker_switch_interval_s)
         if any(c.is_async for c in s.consumers.values()):
             s.async_loop = AsyncLoop()
+        # The dispatcher first: its connection and first claim are the path to the first job's start; spawned
+        # after the other rooms it started connecting 13-17 ms later (first job 52 -> 45 ms after start() at the
+        # median of 8 global_concurrency=4 traces; the claimed jobs wait in `work` for the handler threads).
+        self._spawn(self.dispatcher.loop, "outboxq-dispatcher")
         for _ in range(s.concurrency):
             self.handlers.spawn()
         self._spawn(self.completer.loop, "outboxq-completer")
@@ -138,7 +142,6 @@ class Worker:
             self.listener.start()
         if self.schedules:
             self.scheduler = Scheduler(s.url, self.schedules).start()
-        self._spawn(self.dispatcher.loop, "outboxq-dispatcher")
         log.info("worker %s started: queues %s, concurrency %d, batch %d",
                  s.worker_id, ", ".join(s.consumers), s.concurrency, s.batch_size)
         return self
