@@ -60,18 +60,19 @@ def stop_processes(*procs) -> None:
                 proc.kill()
 
 
-def explain_prepared(conn, statement: str, values: dict) -> dict:
-    """EXPLAIN (FORMAT JSON) of the plan `conn` runs for `statement` as psycopg prepared it (the prepared statement
-    found by its text up to the first parameter, the most run where psycopg prepared it for more than one set of
-    parameter types; the values given as literals, in psycopg's order of first use). A dict-row connection, in a
-    transaction the caller rolls back."""
-    prepared = conn.execute("SELECT name FROM pg_prepared_statements WHERE starts_with(statement, %s) "
-                            "ORDER BY generic_plans + custom_plans DESC LIMIT 1",
-                            (statement[:statement.index("%")],)).fetchone()
-    names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", statement)))
-    return conn.execute(pgsql.SQL("EXPLAIN (FORMAT JSON) EXECUTE {}({})").format(
-        pgsql.Identifier(prepared["name"]), pgsql.SQL(", ").join(pgsql.Literal(values[n]) for n in names)),
-    ).fetchone()["QUERY PLAN"][0]["Plan"]
+def explain_prepared(conn, statement: str, values: dict) -> list[dict]:
+    """EXPLAIN (FORMAT JSON) of the plans `conn` runs for `statement` as psycopg prepared it: one for each prepared
+    statement found by its text up to the first parameter (psycopg prepares a statement once for each set of
+    parameter types it runs with: a claim from the front of the index sends its cursor as untyped NULLs); the
+    values given as literals, in psycopg's order of first use. A dict-row connection, in a transaction the
+    caller rolls back."""
+    names = [r["name"] for r in conn.execute("SELECT name FROM pg_prepared_statements WHERE starts_with(statement, %s)",
+                                             (statement[:statement.index("%")],)).fetchall()]
+    assert names, "not prepared on this connection"
+    params = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", statement)))
+    return [conn.execute(pgsql.SQL("EXPLAIN (FORMAT JSON) EXECUTE {}({})").format(
+        pgsql.Identifier(name), pgsql.SQL(", ").join(pgsql.Literal(values[n]) for n in params)),
+    ).fetchone()["QUERY PLAN"][0]["Plan"] for name in names]
 
 
 def plan_nodes(plan: dict):

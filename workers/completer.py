@@ -36,12 +36,9 @@ class Completer:
         try:
             # Up front: the first outcomes do not wait for a new session (a connection, then the catalog reads
             # of its first statements: 12-15 ms after the first job of a global_concurrency=4 drain).
-            conn = s.connect_for_completions()
-            self.dispatcher.prepare_handovers(conn)
+            conn = self._connect()
         except psycopg.Error as exc:
-            log.warning("completer: cannot connect (%s); trying again when an outcome comes", exc)
-            if conn is not None:
-                conn.close()
+            log.warning("completer: cannot connect and prepare (%s); trying again when an outcome comes", exc)
         pending: list[Outcome] = []
         give_up_at: float | None = None
         while True:
@@ -61,7 +58,7 @@ class Completer:
             if pending:
                 try:
                     if conn is None or conn.closed:
-                        conn = s.connect_for_completions()
+                        conn = self._connect()
                     self.write(conn, pending)
                     s.metrics.jobs_finished(pending)
                     pending = []
@@ -82,6 +79,16 @@ class Completer:
                 break
         if conn is not None:
             conn.close()
+
+    def _connect(self) -> DictConnection:
+        """The completer's connection, its handover statement prepared (Dispatcher.prepare_handovers)."""
+        conn = self.state.connect_for_completions()
+        try:
+            self.dispatcher.prepare_handovers(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     def write(self, conn: DictConnection, outcomes: list[Outcome]) -> None:
         """Write every outcome in one transaction: one statement completes all the successes (and, for a queue
@@ -105,15 +112,17 @@ class Completer:
                                      for o in with_results],
                     "results": [o.result_json for o in with_results],
                 })
+            failed_writes = self._end(conn, to_end)
+            for queue_name in now_healthy:
+                conn.execute(sql.queue_mark_healthy, {"queue": queue_name})
+            # Last, right before the commit (a handover's lease margin is checked in its statement), and after
+            # the queue is marked healthy (its claim reads that).
             if to_complete:
                 handover = self.dispatcher.complete_handing_over(conn, to_complete, outcomes)
                 if handover is not None:
                     completed_ids = handover.completed_ids
                 else:
                     completed_ids = self._complete(conn, to_complete)
-            failed_writes = self._end(conn, to_end)
-            for queue_name in now_healthy:
-                conn.execute(sql.queue_mark_healthy, {"queue": queue_name})
         if not conn.autocommit:  # (a caller's connection: write_outcomes)
             conn.commit()
         s.failing_queues -= succeeded_queues

@@ -71,7 +71,8 @@ class Handover:
 
 
 class Dispatcher:
-    """Claims jobs for the handler threads (its own thread and connection)."""
+    """Claims jobs for the handler threads (its own thread and connection; the claims into freed slots,
+    complete_handing_over, on the completer's)."""
 
     def __init__(self, state: WorkerState):
         self.state = state
@@ -227,12 +228,14 @@ class Dispatcher:
         return None
 
     def prepare_handovers(self, conn: DictConnection) -> None:
-        """Run the completion that hands slots over once with no job, for each queue whose consumer declares a
-        limit that hands over (the completer, on connecting): a new session's first run of it reads the
-        catalog and plans it (11-12 ms measured), off the path from a job's end to the next one's start."""
+        """Run the completion that hands slots over once with no job where a consumer declares a limit that hands
+        over (the completer, on connecting): a new session's first run of it reads the catalog and plans it
+        (11-12 ms measured), off the path from a job's end to the next one's start. (A limit an operator set is
+        not foreseen: its first handover pays that.)"""
         for consumer in self.state.consumers.values():
             if self.hands_over(consumer.limits):
                 self._complete_handing_over(conn, consumer, [], [], 1)
+                return  # (one run prepares the statement for every queue)
 
     def _complete_handing_over(self, conn: DictConnection, consumer: Consumer, to_complete: list[Outcome],
                                handed: list[Outcome], limit: int) -> tuple[uuid.UUID, list[dict[str, Any]]]:

@@ -226,18 +226,20 @@ def test_the_workers_claims_and_writes_are_planned_once_per_connection_and_read_
                   for c, marker in ((claims, "fresh AS ("), (writes, "done AS ("))]
         assert all(row["custom_plans"] == 0 and row["generic_plans"] == 12 for row in counts), counts
         claims.autocommit = False
-        claim = explain_prepared(claims, sql.job_claim_batch, {
+        claim_plans = explain_prepared(claims, sql.job_claim_batch, {
             "queue": "plans", "limit": 100, "lease_token": uuid.uuid4(), "lease_s": 60.0, "worker_id": "w",
             "default_max_attempts": 25, **FROM_THE_FRONT})
         claims.rollback()
-        complete = explain_prepared(writes, sql.job_complete_batch, {"ids": "{1,2}", "lease_tokens": "{}"})
+        complete_plans = explain_prepared(writes, sql.job_complete_batch, {"ids": "{1,2}", "lease_tokens": "{}"})
         writes.rollback()
     # Only the indexes meant for them (none that grows with the history, as the feed index would).
     allowed = {"claim": {"outboxq_jobs_claim_idx", "outboxq_jobs_retry_idx", "outboxq_jobs_lease_idx",
                          "outboxq_jobs_pkey", "outboxq_queues_pkey"},
                "complete": {"outboxq_jobs_pkey", "outboxq_jobs_waiting_idx", "outboxq_job_dependencies_pkey",
                             "outboxq_job_dependencies_depends_on_idx"}}
-    for name, plan, index in (("claim", claim, "outboxq_jobs_claim_idx"), ("complete", complete, "outboxq_jobs_pkey")):
+    assert len(claim_plans) == 2 and len(complete_plans) == 1  # (the claim from the front and from its cursor)
+    for name, plan, index in [("claim", plan, "outboxq_jobs_claim_idx") for plan in claim_plans] + [
+            ("complete", plan, "outboxq_jobs_pkey") for plan in complete_plans]:
         assert_no_seq_scan(plan)
         used = {n["Index Name"] for n in plan_nodes(plan) if n.get("Index Name")}
         assert index in used and used <= allowed[name], (name, used)

@@ -526,7 +526,7 @@ def test_a_limited_claim_planned_while_the_queue_was_empty_reads_the_indexes_onc
         # plan_cache_mode, else it could plan anew for the EXPLAIN).
         conn.autocommit = False
         conn.execute(limits_sql.claim_generic_plan)
-        plan = explain_prepared(conn, statement, {
+        [plan] = explain_prepared(conn, statement, {
             "queue": "flow_empty", "limit": 100, "lease_token": uuid.uuid4(), "lease_s": 60.0, "worker_id": "w",
             "default_max_attempts": 25, **FROM_THE_FRONT, "reserve": 0, "after_key": "",
             "max_keys": limits.key_budget(100)})
@@ -576,6 +576,7 @@ def test_a_completion_hands_its_slot_to_the_queues_next_job_in_one_statement_wit
     from outboxq.workers.executor import Outcome
 
     worker, running = _handover_queue(db_url, "flow_handover", 2, 5)
+    worker.state.idle_until["flow_handover"] = 1e12
     with psycopg.connect(db_url) as slots, worker.state.connect_for_completions() as writes:
         writes.execute("SET lock_timeout = '2s'")  # (waiting for the claim slots would fail the write)
         slots.execute(limits_sql.queue_limit_claim_exclusive, {"queue": "flow_handover"})
@@ -585,7 +586,10 @@ def test_a_completion_hands_its_slot_to_the_queues_next_job_in_one_statement_wit
     assert handed.id not in {j.id for j in running} and handed.id in worker.state.in_flight
     assert _status(db_url, running[0].id) == "done" and _status(db_url, handed.id) == "running"
     assert _running(db_url, "flow_handover") == 2
-    assert worker.state.idle_until["flow_handover"] == 0.0  # (untouched: the dispatcher need not claim)
+    # One transaction (one xmin) completed the job and claimed the next; the dispatcher is not asked to claim.
+    assert _count(db_url, "SELECT count(DISTINCT xmin::text) FROM outboxq_jobs WHERE id = ANY(%s)",
+                  [running[0].id, handed.id]) == 1
+    assert worker.state.idle_until["flow_handover"] == 1e12
 
 
 def test_a_handover_keeps_a_lowered_limit_and_leaves_slots_near_their_lease_end_to_the_counted_claim(db_url):
@@ -646,3 +650,49 @@ def test_a_write_with_a_failure_hands_over_only_the_completed_jobs_slot_in_one_t
     # One transaction wrote the three rows.
     assert _count(db_url, "SELECT count(DISTINCT xmin::text) FROM outboxq_jobs WHERE id = ANY(%s)",
                   [running[0].id, running[1].id, handed.id]) == 1
+
+
+def test_a_rate_limit_added_since_the_worker_read_the_limits_stops_the_handover(db_url):
+    """The worker re-reads the limits every few seconds; meanwhile an operator may add a rate limit, whose starts
+    must all be logged and counted: the handover reads the stored limits and claims nothing then (the slot goes
+    to the dispatcher's counted claim)."""
+    from outboxq.workers.executor import Outcome
+
+    worker, running = _handover_queue(db_url, "flow_handover_rate", 2, 5)
+    with psycopg.connect(db_url) as conn:
+        limits.set_limits(conn, "flow_handover_rate", rate_limit="1/h", set_rate=True)
+        conn.commit()
+    assert worker.dispatcher.hands_over(worker.state.limits["flow_handover_rate"])  # (not read again yet)
+    worker.state.idle_until["flow_handover_rate"] = 1e12
+    with worker.state.connect_for_completions() as writes:
+        worker.write_outcomes(writes, [Outcome(job=running[0], succeeded=True)])
+    assert _status(db_url, running[0].id) == "done"
+    assert _handed_out(worker) == [] and _running(db_url, "flow_handover_rate") == 1
+    assert _count(db_url, "SELECT count(*) FROM outboxq_limit_starts") == 0
+    assert worker.state.idle_until["flow_handover_rate"] == 0.0
+
+
+def test_the_handover_prepared_while_the_queue_was_empty_reads_the_indexes_once_it_fills(db_url):
+    """The completer prepares its handover statement when it connects (Dispatcher.prepare_handovers), often
+    before any job exists; that generic plan is kept, and must still read the indexes once the jobs pour in."""
+    consumer = Consumer("flow_handover_plan", lambda payload: None, global_concurrency=4)
+    worker = Worker([consumer], url=db_url, run_maintenance=False, listen=False)
+    with worker.state.connect_for_claims() as claims:
+        worker.dispatcher.read_limits(claims)  # (declares the limits)
+    with worker.state.connect_for_completions() as writes:
+        worker.dispatcher.prepare_handovers(writes)
+        _fill(db_url, "flow_handover_plan", [{} for _ in range(20_000)])
+        writes.autocommit = False
+        plans = explain_prepared(writes, limits_sql.job_complete_handing_over, {
+            "ids": "{1,2}", "lease_tokens": "{}", "handed_ids": "{1}", "queue": "flow_handover_plan",
+            "lease_margin_s": 30.0, "limit": 1, "lease_token": uuid.uuid4(), "lease_s": 60.0, "worker_id": "w",
+            "default_max_attempts": 25, **FROM_THE_FRONT})
+        writes.rollback()
+    for plan in plans:
+        scans = [(n["Node Type"], n.get("Index Name")) for n in plan_nodes(plan)
+                 if n.get("Relation Name") == "outboxq_jobs"]
+        assert scans and all(kind != "Seq Scan" for kind, _ in scans), scans
+        used = {n["Index Name"] for n in plan_nodes(plan) if n.get("Index Name", "").startswith("outboxq_jobs")}
+        assert {"outboxq_jobs_claim_idx", "outboxq_jobs_pkey"} <= used <= {
+            "outboxq_jobs_claim_idx", "outboxq_jobs_retry_idx", "outboxq_jobs_lease_idx", "outboxq_jobs_pkey",
+            "outboxq_jobs_waiting_idx"}, used

@@ -173,7 +173,8 @@ claim_commit_async = "SET LOCAL synchronous_commit = off"
 claim_commit_sync = "SET LOCAL synchronous_commit = on"
 
 # Generic plans without sequential scans: "false" for the session, "true" for the rest of the transaction. A
-# generic plan is made once per prepared statement (psycopg prepares from the sixth run) and kept until the
+# generic plan is made once per prepared statement (psycopg prepares from the sixth run; the worker's own
+# connections from the first, WorkerState._connect_with) and kept until the
 # table's statistics change (autovacuum); the statements that run under it find their jobs through indexes, and
 # sequential scans are priced out so that a plan made over an empty or tiny table (where a scan is cheapest)
 # still reads the indexes once the table has grown.

@@ -1,7 +1,7 @@
 """Flow control statements (issue 14): limits per queue, and the claims of limited queues.
 
 A queue without a row in outboxq_queue_limits never runs these: its workers claim with sql.job_claim_batch,
-unchanged. A limited queue's claim is two statements in one transaction:
+unchanged. A limited queue's claim (the dispatcher's) is two statements in one transaction:
 
 1. A claim slot: transaction-level advisory locks, so that the claims of one limited queue (across every
    worker and host) see each other's jobs. They are taken in a statement of their own because a statement's
@@ -23,6 +23,9 @@ unchanged. A limited queue's claim is two statements in one transaction:
 
 Both claims end with the UPDATE ... RETURNING of sql.job_claim_batch itself (the same columns set, the same
 rows returned), so that the limited and the unlimited claims cannot drift apart.
+
+The completer's claims into the slots that its completions free (`job_complete_handing_over`, where a global
+concurrency is a queue's only limit) take no claim slot: see there.
 """
 
 from __future__ import annotations
@@ -135,14 +138,14 @@ ORDER BY l.queue
 
 # ---------------------------------------------------------------- the claims of limited queues
 
-# A limited claim runs with its generic plan (psycopg prepares it from its sixth run on): planned once per
-# connection instead of before every claim. Left to plan_cache_mode "auto", PostgreSQL kept planning them anew
+# A limited claim runs with its generic plan (psycopg prepares it from its sixth run on; on the worker's own
+# connections from its first): planned once per connection instead of before every claim. Left to plan_cache_mode "auto", PostgreSQL kept planning them anew
 # (the generic plan's estimates look dearer), and planning took a tenth of a per-key claim of 500 jobs (2-3 of
 # 25 ms, bench/flow_claim_explain.py --generic); the generic plans read the same indexes. Without sequential
 # scans (sql.generic_plans): made while the queue was empty, the plan updated the claimed jobs through a
 # sequential scan of the jobs table, which every claim after it would have run over the whole table and its
-# history. For the rest of the claim's transaction only (the dispatcher's own, or the completer's, whose last
-# statement a claim is).
+# history. For the rest of the claim's transaction only (on a caller's connection; the worker's own have it
+# for the session).
 claim_generic_plan = sql.generic_plans.format(local="true")
 
 _CLAIM_HEAD = "WITH queue_state AS ("
@@ -158,7 +161,7 @@ _UPDATE_RETURNING = sql.job_claim_batch[sql.job_claim_batch.index(_CLAIM_UPDATE)
 
 _LIMITS = f"""
 flow_limits AS (
-    SELECT global_concurrency, rate_limit_count,
+    SELECT global_concurrency, rate_limit_count, per_key,
            rate_limit_period_s * {1 + RATE_WINDOW_MARGIN} * interval '1 second' AS rate_window
     FROM outboxq_queue_limits WHERE queue = %(queue)s
 )"""
@@ -187,15 +190,18 @@ _CLAIM_WITHIN_ALLOWANCE = (
     .replace(_CLAIM_UPDATE, ",\nflow_claimed AS (\n" + _CLAIM_UPDATE, 1)
 )
 
+# The queue's running jobs, as every limited claim counts them: a job whose lease expired no longer counts (its
+# worker is gone; the rescue will requeue it).
+_RUNNING_COUNT = """(SELECT count(*) FROM outboxq_jobs
+                   WHERE status = 'running' AND queue = %(queue)s AND lease_expires_at > clock_timestamp())"""
+
 # No limit_by: sql.job_claim_batch with its limit replaced by the queue's allowance.
 job_claim_limited = (
     "WITH " + _LIMITS.strip() + """,
 flow_allowance AS (
     SELECT greatest(0, least(%(limit)s, r.room))::int AS n, %(reserve)s > 0 AND r.room < %(limit)s AS held_back
     FROM (SELECT least(
-              l.global_concurrency - %(reserve)s - (SELECT count(*) FROM outboxq_jobs
-                                                   WHERE status = 'running' AND queue = %(queue)s
-                                                     AND lease_expires_at > clock_timestamp()),
+              l.global_concurrency - %(reserve)s - """ + _RUNNING_COUNT + """,
               l.rate_limit_count - %(reserve)s - (SELECT coalesce(sum(starts), 0) FROM outboxq_limit_starts
                                                  WHERE queue = %(queue)s
                                                    AND started_at > clock_timestamp() - l.rate_window)) AS room
@@ -213,30 +219,33 @@ flow_claimed_keys AS (SELECT '' AS limit_key, count(*)::int AS n FROM flow_claim
 # A slot handed over (the completer's write, for a queue whose only limit is its global concurrency, binding
 # within one worker): the worker's completions (sql.job_complete_batch's) and, in the same statement, the claim
 # of as many of the queue's next jobs as the completions of its `handed_ids` freed slots (at most `limit`: the
-# worker's idle handlers). No claim slot and no count against the limit are needed: the statement commits a
-# job leaving `running` and one entering it together, so no snapshot of another claim sees a running count
-# that it did not have before. Two exceptions, handled here:
-# - a lowered limit: the queue's running jobs (counting those completed here, which this statement's snapshot
-#   still shows running) above the limit are not replaced;
+# worker's idle handlers). It takes no claim slot: the statement commits a job leaving `running` and one
+# entering it together, so every other claim's snapshot sees the same running count with or without it. Where
+# that does not hold, it claims nothing and the slot goes to the dispatcher's counted claim:
+# - a limit lowered meanwhile: it replaces no job above the limit (the running jobs it counts include those it
+#   completes, which its own snapshot still shows running);
 # - a lease about to expire: an expired job no longer counts as running for the other claims, which may have
-#   given its slot away already; only jobs with more than `lease_margin_s` of their lease left hand theirs over
-#   (the others' slots go to the dispatcher's counted claim).
+#   given its slot away already; only jobs with more than `lease_margin_s` of their lease left (half the lease:
+#   far beyond this statement and its commit) hand theirs over;
+# - any other limit, set by an operator since the worker last read the limits: a rate limit (each start must
+#   be logged and counted) or limit_by.
 # One statement and one round trip on the completer's autocommit connection, instead of the completion, the
-# claim slot, the claim and the commit (the global_concurrency=4 drain: 2.3-2.5 ms a write).
+# claim slot, the claim and the commit (1.44 -> 0.70 ms a write of one outcome and its next job, alone).
 job_complete_handing_over = (
     "WITH " + sql.JOB_COMPLETE_CTES.format(fence=sql.FENCE_BY_TOKENS) + ",\n" + _LIMITS.strip() + """,
 flow_handed AS (
+    -- (By primary key: written as one IS TRUE test, the queue and the lease are no index condition: the generic
+    -- plan read every job of the queue, history too, through the feed index.)
     SELECT count(*)::int AS n FROM done
     WHERE done.id IN (SELECT id FROM outboxq_jobs
-                      WHERE id = ANY(%(handed_ids)s::bigint[]) AND queue = %(queue)s
-                        AND lease_expires_at > clock_timestamp() + %(lease_margin_s)s::float8 * interval '1 second')
+                      WHERE id = ANY(%(handed_ids)s::bigint[])
+                        AND (queue = %(queue)s AND lease_expires_at > clock_timestamp()
+                             + %(lease_margin_s)s::float8 * interval '1 second') IS TRUE)
 ),
 flow_allowance AS (
-    SELECT greatest(0, least(%(limit)s, h.n,
-                             l.global_concurrency + h.n - (SELECT count(*) FROM outboxq_jobs
-                                                           WHERE status = 'running' AND queue = %(queue)s
-                                                             AND lease_expires_at > clock_timestamp())))::int AS n
+    SELECT greatest(0, least(%(limit)s, h.n, l.global_concurrency + h.n - """ + _RUNNING_COUNT + """))::int AS n
     FROM flow_limits l CROSS JOIN flow_handed h
+    WHERE l.rate_limit_count IS NULL AND NOT l.per_key
 ),
 """
     + _CLAIM_WITHIN_ALLOWANCE
