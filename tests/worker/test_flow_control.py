@@ -696,3 +696,11 @@ def test_the_handover_prepared_while_the_queue_was_empty_reads_the_indexes_once_
         assert {"outboxq_jobs_claim_idx", "outboxq_jobs_pkey"} <= used <= {
             "outboxq_jobs_claim_idx", "outboxq_jobs_retry_idx", "outboxq_jobs_lease_idx", "outboxq_jobs_pkey",
             "outboxq_jobs_waiting_idx"}, used
+
+
+def test_the_handover_statement_is_short_enough_for_psycopg_to_keep_its_conversion():
+    """The handover runs at every write of a queue that hands its slots over: psycopg converts a statement's
+    placeholders once and keeps the result only for texts of up to MAX_CACHED_STATEMENT_LENGTH bytes."""
+    from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH
+
+    assert len(limits_sql.job_complete_handing_over.encode()) <= MAX_CACHED_STATEMENT_LENGTH
