@@ -108,6 +108,13 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a and b else None
 
 
+def paired_ratio(runs: list[Any], base_runs: list[Any]) -> float | None:
+    """The median over the rounds of a drain's rate against another drain's rate in the same round: on a
+    machine whose speed drifts between rounds this moves less than the ratio of the two medians."""
+    return median([a["jobs_per_s"] / b["jobs_per_s"] for a, b in zip(runs, base_runs, strict=False)
+                   if a and b and a.get("jobs_per_s") and b.get("jobs_per_s")])
+
+
 def url_for(server_url: str, database: str) -> str:
     """The server URL pointing at `database`."""
     from outboxq.db import url_with_database
@@ -1130,6 +1137,7 @@ def summarize(collected: dict[str, dict[str, list[Any]]]) -> dict[str, Any]:
             summary["ratios"][f"{name}_of_the_{allowed:.0f}_allowed"] = ratio(rates[name], allowed)
         elif "rate_limit" not in flow["consumer"]:
             summary["ratios"][f"{name}_vs_defaults"] = ratio(rates[name], ours)
+            summary["ratios"][f"{name}_vs_defaults_per_round"] = paired_ratio(drain[name], drain.get("outboxq", []))
     ceilings = summary.get("pgbench_jobs_per_s") or {}
     if ceilings and ours:
         summary["ratios"]["outboxq_vs_pgbench_batched_best"] = ratio(ours, max(ceilings.values()))

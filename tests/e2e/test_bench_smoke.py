@@ -138,6 +138,9 @@ def test_summary_gives_the_flow_control_figures_as_the_issue_states_them():
     ratios = summary["ratios"]
     assert ratios["outboxq_gc10000_vs_defaults"] == 1000 / 1100
     assert ratios["outboxq_per_key_gc10000_vs_defaults"] == 880 / 1100
+    # Round by round too (the median of 950/1000 and 1050/1200; per key had one round only).
+    assert ratios["outboxq_gc10000_vs_defaults_per_round"] == (0.95 + 0.875) / 2
+    assert ratios["outboxq_per_key_gc10000_vs_defaults_per_round"] == 880 / 1000
     assert ratios["outboxq_gc4_50ms_of_the_80_allowed"] == 71.92 / 80
     assert not any(name.startswith("outboxq_rate200") for name in ratios)  # its goal is a range of jobs/s
     assert summary["drain_jobs_per_s"]["outboxq_gc4_50ms"]["runs"] == [72.0, 71.8]
