@@ -100,11 +100,13 @@ class Completer:
         to_end = [o for o in outcomes if not o.fenced and not o.succeeded]  # failed, snoozed, cancelled
         succeeded_queues = {o.job.queue for o in outcomes if o.succeeded and not o.fenced}
         now_healthy = succeeded_queues & s.failing_queues
-        one_statement = conn.autocommit and not (with_results or to_end or now_healthy)
+        # On the completer's autocommit connection, a transaction only where the write is more than one statement
+        # (a caller's connection is in one already: write_outcomes).
+        in_transaction = conn.autocommit and bool(with_results or to_end or now_healthy)
         completed_ids: set[int] = set()
         handover: Handover | None = None
         failed_writes = []
-        with nullcontext() if one_statement or not conn.autocommit else conn.transaction():
+        with conn.transaction() if in_transaction else nullcontext():
             if with_results:
                 conn.execute(sql.job_store_results, {
                     "ids": [o.job.id for o in with_results],

@@ -213,8 +213,10 @@ class Dispatcher:
         if s.stopping.is_set():
             return None
         for queue_name, limits in s.limits.items():
+            if not self.hands_over(limits):
+                continue
             handed = [o for o in to_complete if o.job.queue == queue_name]
-            if not handed or not self.hands_over(limits):
+            if not handed:
                 continue
             with s.lock:  # the outcomes' jobs still count in in_flight until written
                 idle = s.concurrency - (len(s.in_flight) - len(outcomes))

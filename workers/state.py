@@ -77,17 +77,17 @@ class WorkerState:
         """The dispatcher's connection: autocommit, its commits not waiting for the disk (see
         sql.claims_session_async); the dispatcher makes durable what must be (dispatcher.durable_transaction).
         Its claims are planned once (sql.session_generic_plans)."""
-        return self._connect_with(sql.claims_session_async, sql.session_generic_plans, autocommit=True)
+        return self._connect_with(sql.claims_session_async, sql.session_generic_plans)
 
     def connect_for_completions(self) -> DictConnection:
         """The completer's connection: autocommit (a write that is one statement is one round trip; the others
         are one transaction, Completer.write), its statements planned once per connection
         (sql.session_generic_plans)."""
-        return self._connect_with(sql.session_generic_plans, autocommit=True)
+        return self._connect_with(sql.session_generic_plans)
 
-    def _connect_with(self, *session: str, autocommit: bool = False) -> DictConnection:
-        """A new connection with these session settings applied (closed again if they fail)."""
-        conn = self.connect(autocommit=autocommit)
+    def _connect_with(self, *session: str) -> DictConnection:
+        """A new autocommit connection with these session settings applied (closed again if they fail)."""
+        conn = self.connect(autocommit=True)
         # Prepared at their first run rather than their sixth (psycopg's default): each statement is planned
         # once per connection (its generic plan, session_generic_plans) instead of six times, and the first
         # writes of a worker do not plan a claim-and-complete statement at 2-3 ms each.
@@ -95,8 +95,6 @@ class WorkerState:
         try:
             for statement in session:
                 conn.execute(statement)
-            if not autocommit:
-                conn.commit()
         except BaseException:
             conn.close()
             raise

@@ -174,10 +174,10 @@ claim_commit_sync = "SET LOCAL synchronous_commit = on"
 
 # Generic plans without sequential scans: "false" for the session, "true" for the rest of the transaction. A
 # generic plan is made once per prepared statement (psycopg prepares from the sixth run; the worker's own
-# connections from the first, WorkerState._connect_with) and kept until the
-# table's statistics change (autovacuum); the statements that run under it find their jobs through indexes, and
-# sequential scans are priced out so that a plan made over an empty or tiny table (where a scan is cheapest)
-# still reads the indexes once the table has grown.
+# connections from the first, WorkerState._connect_with) and kept until the table's statistics change
+# (autovacuum); the statements that run under it find their jobs through indexes, and sequential scans are
+# priced out so that a plan made over an empty or tiny table (where a scan is cheapest) still reads the indexes
+# once the table has grown.
 generic_plans = ("SELECT set_config('plan_cache_mode', 'force_generic_plan', {local}), "
                  "set_config('enable_seqscan', 'off', {local})")
 # The dispatcher's and the completer's connections: their claims and writes are planned once per connection.

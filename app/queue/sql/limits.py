@@ -139,14 +139,16 @@ ORDER BY l.queue
 # ---------------------------------------------------------------- the claims of limited queues
 
 # A limited claim runs with its generic plan (psycopg prepares it from its sixth run on; on the worker's own
-# connections from its first): planned once per connection instead of before every claim. Left to plan_cache_mode "auto", PostgreSQL kept planning them anew
-# (the generic plan's estimates look dearer), and planning took a tenth of a per-key claim of 500 jobs (2-3 of
-# 25 ms, bench/flow_claim_explain.py --generic); the generic plans read the same indexes. Without sequential
+# connections from its first): planned once per connection instead of before every claim. Left to
+# plan_cache_mode "auto", PostgreSQL kept planning them anew (the generic plan's estimates look dearer), and
+# planning took a tenth of a per-key claim of 500 jobs (2-3 of 25 ms, bench/flow_claim_explain.py --generic);
+# the generic plans read the same indexes. Without sequential
 # scans (sql.generic_plans): made while the queue was empty, the plan updated the claimed jobs through a
 # sequential scan of the jobs table, which every claim after it would have run over the whole table and its
 # history. For the rest of the claim's transaction only (on a caller's connection; the worker's own have it
 # for the session).
 claim_generic_plan = sql.generic_plans.format(local="true")
+
 
 def _compact(statement: str) -> str:
     """The statement without its comments and indentation. psycopg keeps its conversion of a query's
