@@ -99,18 +99,17 @@ class Dispatcher:
                 for queue_name, consumer in s.consumers.items():
                     if s.stopping.is_set() or s.idle_until[queue_name] > now:
                         continue
-                    room = self._room()
-                    if room <= 0:
-                        break
                     limits = s.limits.get(queue_name)
+                    room = self._room(self._most_held(limits))
+                    if room <= 0:
+                        continue
                     slots_freed = s.slots_freed
                     if limits is None:  # no limit: today's claim, nothing more
                         wanted = min(room, s.batch_size)
                         jobs = self.claim(conn, consumer, wanted)
                     else:
                         # (A limited claim's fixed cost is paid per claim: larger claims, outboxq.queue.limits.)
-                        wanted = min(self._limited_room(limits, room),
-                                     flow_limits.claim_size(s.batch_size, s.max_in_flight))
+                        wanted = min(self._limited_room(limits, room), s.limited_claim_size)
                         if wanted <= 0:
                             continue  # every handler is busy: a completion wakes the dispatcher
                         jobs = self.claim_limited(conn, consumer, limits, wanted)
@@ -126,7 +125,7 @@ class Dispatcher:
                             s.poll_interval if limits is None else min(s.poll_interval, LIMITED_RECHECK_S))
                     else:
                         claimed_any_full = True
-                if claimed_any_full and self._room() > 0:
+                if claimed_any_full:  # (the rooms are read again for each queue)
                     continue
                 if self._limits_read_at is not None and (
                         time.monotonic() - self._limits_read_at >= flow_limits.LIMITS_REFRESH_S):
@@ -143,7 +142,9 @@ class Dispatcher:
         if conn is not None:
             conn.close()
 
-    def _room(self) -> int:
+    def _room(self, most_held: int) -> int:
+        """How many more jobs the worker may claim, holding at most `most_held` (0 while its handlers still have
+        enough claimed work to start)."""
         s = self.state
         with s.lock:
             in_flight, buffered = len(s.in_flight), s.buffered
@@ -151,7 +152,16 @@ class Dispatcher:
         # the next batch while the last one is being completed; slow jobs are not hoarded by one worker.
         if buffered >= max(s.concurrency, s.batch_size // 4):
             return 0
-        return s.max_in_flight - in_flight
+        return most_held - in_flight
+
+    def _most_held(self, limits: flow_limits.QueueLimits | None) -> int:
+        """How many jobs the worker may hold (claimed, running or being written) when it claims a queue: two
+        batches; two of a limited queue's larger claims where nothing the worker holds can make its limit bind."""
+        s = self.state
+        if limits is not None and limits.rate_limit_count is None and (
+                limits.global_concurrency is None or limits.global_concurrency >= s.max_in_flight_limited):
+            return s.max_in_flight_limited
+        return s.max_in_flight
 
     # ------------------------------------------------------------------ flow control (outboxq.queue.limits)
 
@@ -189,7 +199,7 @@ class Dispatcher:
                 return room
             # Per key: what this worker holds runs before the job of a key that arrives later, so it holds only
             # a short time's work (outboxq.queue.limits.fair_hold), measured from its handlers' run times.
-            hold = flow_limits.fair_hold(s.concurrency, s.job_seconds.get(limits.queue), s.max_in_flight)
+            hold = flow_limits.fair_hold(s.concurrency, s.job_seconds.get(limits.queue), self._most_held(limits))
             with s.lock:
                 return min(room, hold - len(s.in_flight))
         with s.lock:

@@ -37,6 +37,11 @@ class WorkerState:
         self.batch_size = batch_size
         # Two batches in flight: the next claim overlaps the completion of the previous batch.
         self.max_in_flight = max(2 * batch_size, concurrency)
+        # A limited queue's claims are larger (outboxq.queue.limits.claim_size) and, where its limit cannot bind
+        # in this worker, it may hold two of them, for the same reason: with one, a full claim had to wait for
+        # every job before it to be written, and the per-key drain claimed 650 jobs at a time instead of 1,000.
+        self.limited_claim_size = flow_limits.claim_size(batch_size, self.max_in_flight)
+        self.max_in_flight_limited = max(self.max_in_flight, 2 * self.limited_claim_size)
         self.poll_interval = poll_interval
 
         self.lock = threading.Lock()

@@ -140,7 +140,10 @@ def claim_size(batch_size: int, max_in_flight: int) -> int:
     and never less than a batch. A limited claim costs more than an unlimited one whatever its size (a claim
     slot, the count of running jobs, a commit that waits for the disk; per key, a probe per key): measured with
     limits that did not bind, 2 processes, 50,000 no-op jobs, global_concurrency=10000 drained at 0.85 of the
-    unlimited drain in claims of a batch (500), 0.93 in claims of up to 1,000; per key 0.79 and 0.87."""
+    unlimited drain in claims of a batch (500), 0.93 in claims of up to 1,000; per key 0.79 and 0.87. Where the
+    limit cannot bind, the worker may hold two such claims (WorkerState.max_in_flight_limited): holding one, a
+    full claim waited for every job before it to be written (claims of 650 jobs on average instead of 1,000),
+    and the drains rose to 1.00 and 0.93 (2026-11-26, bench/README.md)."""
     return max(batch_size, min(max_in_flight, limits_sql.SHARED_CLAIM_MAX))
 
 

@@ -448,6 +448,27 @@ def test_the_dispatcher_claims_a_limit_that_cannot_bind_in_claims_larger_than_a_
     assert asked[0] == limits.claim_size(100, 200) == 200  # not the batch of 100
 
 
+@pytest.mark.parametrize("flow, most_held", [
+    ({}, 200),  # no limit: two batches
+    ({"global_concurrency": 10_000}, 400),  # cannot bind: two of its claims (200 each)
+    ({"global_concurrency": 10_000, "limit_by": "tenant"}, 400),
+    ({"global_concurrency": 300}, 200),  # the worker's buffer could make it bind: two batches, as before
+    ({"rate_limit": "10000/s"}, 200),  # every start is counted: as before (and only idle handlers are claimed for)
+])
+def test_a_worker_holds_two_claims_of_a_limited_queue_whose_limit_cannot_bind(flow, most_held):
+    """With one limited claim (up to what the worker may hold) in flight, the next full claim waited for every
+    job before it to be written: the worker may hold two of them where nothing it holds can make the limit bind,
+    and claims a whole one while one is being worked on."""
+    consumer = Consumer("flow_two_claims", lambda payload: None, **flow)
+    worker = Worker([consumer], url="postgresql://unused", batch_size=100, concurrency=4, run_maintenance=False,
+                    listen=False)
+    dispatcher, state = worker.dispatcher, worker.state
+    queue_limits = consumer.limits if consumer.limits.limited else None
+    assert dispatcher._most_held(queue_limits) == most_held
+    state.in_flight = {job_id: None for job_id in range(200)}  # a claim of 200 being worked on, none buffered
+    assert dispatcher._room(dispatcher._most_held(queue_limits)) == most_held - 200
+
+
 @pytest.mark.parametrize("limit, depth, mean_job_s, expected", [
     (500, None, 0.0001, limits.key_budget(500)),  # no full claim yet: every key it may need
     (500, 5.0, None, limits.key_budget(500)),  # no handler time measured yet
