@@ -156,11 +156,15 @@ class Dispatcher:
 
     def _most_held(self, limits: flow_limits.QueueLimits | None) -> int:
         """How many jobs the worker may hold (claimed, running or being written) when it claims a queue: two
-        batches; two of a limited queue's larger claims where nothing the worker holds can make its limit bind."""
+        batches; two of a limited queue's larger claims where nothing the worker holds can make its limit bind,
+        while the worker's other queues are idle (their last claims came back short): holding more than two
+        batches of one queue, it would leave no room for another queue's claims."""
         s = self.state
         if limits is not None and limits.rate_limit_count is None and (
                 limits.global_concurrency is None or limits.global_concurrency >= s.max_in_flight_limited):
-            return s.max_in_flight_limited
+            now = time.monotonic()
+            if all(until > now for queue, until in s.idle_until.items() if queue != limits.queue):
+                return s.max_in_flight_limited
         return s.max_in_flight
 
     # ------------------------------------------------------------------ flow control (outboxq.queue.limits)

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -467,6 +468,20 @@ def test_a_worker_holds_two_claims_of_a_limited_queue_whose_limit_cannot_bind(fl
     assert dispatcher._most_held(queue_limits) == most_held
     state.in_flight = {job_id: None for job_id in range(200)}  # a claim of 200 being worked on, none buffered
     assert dispatcher._room(dispatcher._most_held(queue_limits)) == most_held - 200
+
+
+def test_a_limited_queue_holds_two_claims_only_while_the_workers_other_queues_are_idle():
+    """Two of a limited queue's claims would leave no room for the worker's other queues (their claims see the
+    worker holding more than two batches): the larger hold lasts while the other queues' last claims came back
+    short, and ends when one of them is to be claimed again."""
+    limited = Consumer("flow_two_claims_limited", lambda payload: None, global_concurrency=10_000)
+    worker = Worker([limited, Consumer("flow_two_claims_plain", lambda payload: None)], url="postgresql://unused",
+                    batch_size=100, concurrency=4, run_maintenance=False, listen=False)
+    dispatcher, state = worker.dispatcher, worker.state
+    state.idle_until["flow_two_claims_plain"] = 0.0  # to be claimed: it may have jobs
+    assert dispatcher._most_held(limited.limits) == state.max_in_flight == 200
+    state.idle_until["flow_two_claims_plain"] = time.monotonic() + 60  # its last claim came back short
+    assert dispatcher._most_held(limited.limits) == state.max_in_flight_limited == 400
 
 
 @pytest.mark.parametrize("limit, depth, mean_job_s, expected", [
