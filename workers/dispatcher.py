@@ -100,7 +100,8 @@ class Dispatcher:
                     if s.stopping.is_set() or s.idle_until[queue_name] > now:
                         continue
                     limits = s.limits.get(queue_name)
-                    room = self._room(self._most_held(limits))
+                    most_held = self._most_held(limits)
+                    room = self._room(most_held)
                     if room <= 0:
                         continue
                     slots_freed = s.slots_freed
@@ -109,7 +110,7 @@ class Dispatcher:
                         jobs = self.claim(conn, consumer, wanted)
                     else:
                         # (A limited claim's fixed cost is paid per claim: larger claims, outboxq.queue.limits.)
-                        wanted = min(self._limited_room(limits, room), s.limited_claim_size)
+                        wanted = min(self._limited_room(limits, room, most_held), s.limited_claim_size)
                         if wanted <= 0:
                             continue  # every handler is busy: a completion wakes the dispatcher
                         jobs = self.claim_limited(conn, consumer, limits, wanted)
@@ -160,8 +161,7 @@ class Dispatcher:
         while the worker's other queues are idle (their last claims came back short): holding more than two
         batches of one queue, it would leave no room for another queue's claims."""
         s = self.state
-        if limits is not None and limits.rate_limit_count is None and (
-                limits.global_concurrency is None or limits.global_concurrency >= s.max_in_flight_limited):
+        if limits is not None and self._cannot_bind_holding(limits, s.max_in_flight_limited):
             now = time.monotonic()
             if all(until > now for queue, until in s.idle_until.items() if queue != limits.queue):
                 return s.max_in_flight_limited
@@ -186,24 +186,30 @@ class Dispatcher:
             conn.commit()
         self._limits_read_at = time.monotonic()
 
+    @staticmethod
+    def _cannot_bind_holding(limits: flow_limits.QueueLimits, held: int) -> bool:
+        """Whether a worker holding `held` jobs of the queue cannot make its limits bind: no rate limit, and a
+        concurrency limit (global, or per key) of at least that, or none."""
+        return limits.rate_limit_count is None and (limits.global_concurrency is None
+                                                    or limits.global_concurrency >= held)
+
     def _buffer_cannot_bind(self, limits: flow_limits.QueueLimits) -> bool:
         """A concurrency limit (global, or per key) at least what this worker may hold cannot be made to bind by
         this worker's buffer: claim full batches, as an unlimited queue does (the claim still caps each key)."""
-        return limits.rate_limit_count is None and (limits.global_concurrency is None
-                                                    or limits.global_concurrency >= self.state.max_in_flight)
+        return self._cannot_bind_holding(limits, self.state.max_in_flight)
 
-    def _limited_room(self, limits: flow_limits.QueueLimits, room: int) -> int:
+    def _limited_room(self, limits: flow_limits.QueueLimits, room: int, most_held: int) -> int:
         """How many jobs of a limited queue to claim. Where the limit can bind (a rate limit, a concurrency,
         global or per key, below what this worker may hold), only as many as there are idle handlers: a job
         claimed is a job started, so the starts stay within the rate limit and no worker holds slots it cannot
-        use."""
+        use. `most_held`: what the worker may hold of the queue (_most_held)."""
         s = self.state
         if self._buffer_cannot_bind(limits):
             if not limits.per_key:
                 return room
             # Per key: what this worker holds runs before the job of a key that arrives later, so it holds only
             # a short time's work (outboxq.queue.limits.fair_hold), measured from its handlers' run times.
-            hold = flow_limits.fair_hold(s.concurrency, s.job_seconds.get(limits.queue), self._most_held(limits))
+            hold = flow_limits.fair_hold(s.concurrency, s.job_seconds.get(limits.queue), most_held)
             with s.lock:
                 return min(room, hold - len(s.in_flight))
         with s.lock:
@@ -214,8 +220,7 @@ class Dispatcher:
         statement (limits_sql.job_complete_handing_over): a global concurrency limit that can bind within this
         worker, and no other limit (a start must be counted in the rate window; a key's slot is not another
         key's)."""
-        return (limits.rate_limit_count is None and not limits.per_key and limits.global_concurrency is not None
-                and limits.global_concurrency < self.state.max_in_flight)
+        return limits.rate_limit_count is None and not limits.per_key and not self._buffer_cannot_bind(limits)
 
     def complete_handing_over(self, conn: DictConnection, to_complete: list[Outcome],
                               outcomes: list[Outcome]) -> Handover | None:
