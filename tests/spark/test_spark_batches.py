@@ -32,15 +32,21 @@ def _spark_api(db_url: str, log_dir: Path, **overrides):
                       spark_shuffle_partitions=1, **overrides)
 
 
-def _batch_processes() -> dict[int, int]:
-    """batch id -> pid of every `outboxq spark run --batch-id N` process on this machine."""
+def _batch_processes(db_url: str) -> dict[int, int]:
+    """batch id -> pid of every `outboxq spark run --batch-id N` process on this machine driving db_url's database.
+
+    Filtered by database because an earlier test's driver may still be shutting its JVM down after its batch
+    was recorded done."""
     found = {}
     for entry in Path("/proc").iterdir():
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if b"--batch-id" not in argv or b"outboxq.cli" not in argv:
+                continue
+            environ = (entry / "environ").read_bytes().split(b"\0")
         except (OSError, ValueError):
             continue
-        if b"--batch-id" in argv and b"outboxq.cli" in argv:
+        if b"DATABASE_URL=" + db_url.encode() in environ:
             found[int(argv[argv.index(b"--batch-id") + 1])] = int(entry.name)
     return found
 
@@ -78,7 +84,7 @@ def test_an_unregistered_processor_is_refused_with_the_registered_names_and_noth
             message = r.json()["error"]["message"]
             assert f"unknown processor {processor!r}" in message and "lines, totals" in message
     assert count(db_url, "SELECT count(*) FROM outboxq_spark_batches") == 0
-    assert not (tmp_path / "logs").exists() and not _batch_processes()
+    assert not (tmp_path / "logs").exists() and not _batch_processes(db_url)
 
 
 def test_a_request_naming_a_master_is_refused_and_nothing_starts(db_url, tmp_path):
@@ -87,7 +93,7 @@ def test_a_request_naming_a_master_is_refused_and_nothing_starts(db_url, tmp_pat
                                                 "master": "spark://attacker.example:7077"})
     assert r.status_code == 422 and r.json()["error"]["code"] == "master_not_allowed"
     assert count(db_url, "SELECT count(*) FROM outboxq_spark_batches") == 0
-    assert not (tmp_path / "logs").exists() and not _batch_processes()
+    assert not (tmp_path / "logs").exists() and not _batch_processes(db_url)
 
 
 def test_batches_on_one_queue_run_side_by_side_and_a_third_waits_pending_under_the_cap(
@@ -105,7 +111,7 @@ def test_batches_on_one_queue_run_side_by_side_and_a_third_waits_pending_under_t
         wait_for(lambda: sorted(states()) == ["pending", "running", "running"], timeout=60, interval=0.2)
         pending = ids[states().index("pending")]
         # The waiting batch's process is up, with only the environment a driver needs.
-        pid = wait_for(lambda: _batch_processes().get(pending), timeout=30)
+        pid = wait_for(lambda: _batch_processes(db_url).get(pending), timeout=30)
         environ = dict(line.split("=", 1) for line in Path(f"/proc/{pid}/environ").read_text().split("\0") if line)
         assert "OUTBOXQ_API_TOKENS" not in environ and environ["DATABASE_URL"] == db_url
         assert environ["OUTBOXQ_SPARK_PROCESSORS"] == "totals=outboxq.spark_jobs.examples:order_totals," \
