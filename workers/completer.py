@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 
 from outboxq.db import DictConnection
+from outboxq.queue import limits as flow_limits
 from outboxq.queue import sql
 from outboxq.workers.dispatcher import Dispatcher, Handover
 from outboxq.workers.executor import Outcome, completion_params
@@ -160,9 +161,8 @@ class Completer:
                 s.in_flight.pop(o.job.id, None)
         freed = {o.job.queue for o in outcomes} & s.limits.keys()
         for queue_name in freed:
-            durations = [o.duration_s for o in outcomes if o.job.queue == queue_name]
-            mean, before = sum(durations) / len(durations), s.job_seconds.get(queue_name)
-            s.job_seconds[queue_name] = mean if before is None else 0.7 * before + 0.3 * mean
+            s.job_seconds[queue_name] = flow_limits.typical_job_seconds(
+                s.job_seconds.get(queue_name), [o.duration_s for o in outcomes if o.job.queue == queue_name])
         if handover is not None and len(handover.jobs) == sum(o.job.queue == handover.queue for o in outcomes):
             freed.discard(handover.queue)  # (its slots were all handed over: no claim from the dispatcher)
         if freed:

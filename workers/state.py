@@ -64,7 +64,7 @@ class WorkerState:
         self.failing_queues: set[str] = set()
         # Flow control: the limits of this worker's limited queues (the dispatcher re-reads them), how many
         # completions of limited queues' jobs were written (the completer counts), and each limited queue's
-        # mean handler run time (a moving average).
+        # typical handler run time (outboxq.queue.limits.typical_job_seconds).
         self.limits: dict[str, flow_limits.QueueLimits] = {}
         self.slots_freed = 0
         self.job_seconds: dict[str, float] = {}

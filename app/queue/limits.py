@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -104,10 +105,20 @@ def declared_limits(queue: str, *, global_concurrency: int | None, rate_limit: s
 
 def fair_hold(concurrency: int, mean_job_s: float | None, most: int) -> int:
     """How many jobs of a per-key queue a worker with `concurrency` handlers holds at once: FAIR_HOLD_S of work
-    at the measured mean handler time (one per handler until there is a measure), at most `most`."""
+    at the typical handler run time (typical_job_seconds; one per handler until there is a measure), at most
+    `most`."""
     if mean_job_s is None:
         return min(concurrency, most)
     return max(concurrency, min(most, int(concurrency * FAIR_HOLD_S / max(mean_job_s, 1e-6))))
+
+
+def typical_job_seconds(before: float | None, durations: list[float]) -> float:
+    """A limited queue's typical handler run time (fair_hold, keys_to_scan), updated with one completion write's
+    run times: a moving average of each write's median. The median, not the mean: run times are wall time, and a
+    few handlers of a write that waited milliseconds (for the GIL, behind the dispatcher building a claim's jobs)
+    made a write's mean of no-op jobs 10 to 100 times their typical time (traced in a per-key drain)."""
+    typical = statistics.median(durations)
+    return typical if before is None else 0.7 * before + 0.3 * typical
 
 
 def round_robin(rows: list[dict[str, Any]], after_key: str) -> tuple[list[dict[str, Any]], str]:
@@ -162,8 +173,13 @@ def key_budget(limit: int) -> int:
 # probe and a pick of its own (with 100 keys, claims of 500: 5 jobs a key, and the per-key drain ran at 0.8 of
 # the unlimited one); in turns of up to 20 jobs a claim scans a quarter of them. The price: a key that arrives
 # behind a backlog of N busy keys waits for N turns, at most N x 20 jobs, instead of about one claim.
+# The handlers' time is wall time (typical_job_seconds): on a loaded 2-core machine no-op jobs measured 0.2-4 ms
+# for stretches of a drain (their handlers waiting for the GIL and the CPU), and turns of 5 ms then shrank to
+# 2-10 jobs, the claims scanning 70-200 keys instead of 50 (a claim over 100 keys costs 40 us of the server's
+# CPU a job against 32 over 50: bench/README.md, 2026-11-26 22:00). At 20 ms, turns of 20 held throughout the
+# drain; a job that really takes 4 ms still gets turns of 5.
 KEY_TURN_MAX = 20
-KEY_TURN_S = 0.005
+KEY_TURN_S = 0.02
 
 
 def keys_to_scan(limit: int, key_depth: float | None, mean_job_s: float | None) -> int:
@@ -171,8 +187,8 @@ def keys_to_scan(limit: int, key_depth: float | None, mean_job_s: float | None) 
     claim has shown how many jobs its keys held at least (`key_depth`: its jobs per key served); then enough
     keys for `limit` in turns of twice that depth (the next claim's keys may hold more: a claim that finds
     them shallower comes back short, and the next scans every key again), at most KEY_TURN_MAX jobs and
-    KEY_TURN_S of the handlers' time (`mean_job_s`, measured) each. Not after a claim of one job per key
-    (more keys than jobs: they may hold no more, and turns of two would come back short every other claim)."""
+    KEY_TURN_S of the handlers' time (`mean_job_s`: typical_job_seconds) each. Not after a claim of one job per
+    key (more keys than jobs: they may hold no more, and turns of two would come back short every other claim)."""
     if key_depth is None or key_depth < 2 or mean_job_s is None:
         return key_budget(limit)
     turn = min(2 * key_depth, KEY_TURN_MAX, KEY_TURN_S / max(mean_job_s, 1e-6))

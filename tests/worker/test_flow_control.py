@@ -490,13 +490,26 @@ def test_a_limited_queue_holds_two_claims_only_while_the_workers_other_queues_ar
     (500, 1.0, 0.0001, limits.key_budget(500)),  # one job per key (more keys than jobs): they may hold no more
     (500, 5.0, 0.0001, 50),  # keys that gave 5 each: turns of 10
     (500, 100.0, 0.0001, 500 // limits.KEY_TURN_MAX),  # deep keys: turns of KEY_TURN_MAX
-    (500, 100.0, 0.001, 100),  # 1 ms jobs: turns of KEY_TURN_S of handler time (5 jobs)
-    (500, 100.0, 0.01, limits.key_budget(500)),  # 10 ms jobs: one job a turn, every key
+    (500, 100.0, limits.KEY_TURN_S / 5, 100),  # slower jobs: turns of KEY_TURN_S of handler time (5 jobs)
+    (500, 100.0, limits.KEY_TURN_S / 1.5, limits.key_budget(500)),  # under two jobs a turn: every key
     (3, 100.0, 0.0001, 1),
 ])
 def test_a_per_key_claim_scans_enough_keys_for_its_jobs_in_turns_twice_as_deep_as_the_keys_have_shown(
         limit, depth, mean_job_s, expected):
     assert limits.keys_to_scan(limit, depth, mean_job_s) == expected
+
+
+def test_the_typical_handler_time_follows_each_writes_median_so_a_few_stalled_handlers_do_not_move_it():
+    """What the per-key turns and the fair hold are computed from: a write of 300 no-op jobs in which 10 waited
+    50 ms (for the GIL, say) leaves the typical time near the others' 20 us, where their mean (1.7 ms) would have
+    cut the turns to a few jobs; jobs that really take longer move it within a few writes."""
+    fast = [0.00002] * 290 + [0.05] * 10
+    assert limits.typical_job_seconds(None, [0.00002] * 300) == pytest.approx(0.00002)
+    assert limits.typical_job_seconds(0.00002, fast) == pytest.approx(0.00002)
+    typical = 0.00002
+    for _ in range(10):
+        typical = limits.typical_job_seconds(typical, [0.002] * 300)
+    assert typical == pytest.approx(0.002, rel=0.05)
 
 
 def test_the_depth_a_per_key_claim_shows_is_its_jobs_per_key_when_full_else_none():
