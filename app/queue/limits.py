@@ -176,8 +176,8 @@ def key_budget(limit: int) -> int:
 # The handlers' time is wall time (typical_job_seconds): on a loaded 2-core machine no-op jobs measured 0.2-4 ms
 # for stretches of a drain (their handlers waiting for the GIL and the CPU), and turns of 5 ms then shrank to
 # 2-10 jobs, the claims scanning 70-200 keys instead of 50 (a claim over 100 keys costs 40 us of the server's
-# CPU a job against 32 over 50: bench/README.md, 2026-11-26 22:00). At 20 ms, turns of 20 held throughout the
-# drain; a job that really takes 4 ms still gets turns of 5.
+# CPU a job against 32 over 50: bench/claim_cpu.py, bench/README.md of 2026-11-26 21:17-22:45). At 20 ms,
+# turns of 20 held throughout the drain; a job that really takes 4 ms still gets turns of 5.
 KEY_TURN_MAX = 20
 KEY_TURN_S = 0.02
 

@@ -33,6 +33,12 @@ def test_flow_claim_explain_runs(pg_server_url):
     assert "per_key" in out and "Execution Time" in out and "per_key generic" in out
 
 
+def test_claim_cpu_runs(pg_server_url):
+    out = _run("claim_cpu.py", "--url", pg_server_url, "--jobs", "300", "--keys", "5", "--rounds", "2",
+               "global_concurrency:50", "per_key:50:3", "unlimited:50")
+    assert "per_key:50:3" in out and "median" in out and "us a job" in out
+
+
 def test_wakeup_and_notify_runs(pg_server_url):
     out = _run("wakeup_and_notify.py", "--url", pg_server_url, "--jobs", "50", "--samples", "5",
                "--connections", "1")
