@@ -19,7 +19,6 @@ import argparse
 import os
 import statistics
 import sys
-import uuid
 from pathlib import Path
 
 import psycopg
@@ -27,10 +26,9 @@ from psycopg.rows import dict_row
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flow_claim_explain import CLAIMS, fill, params  # noqa: E402
+from flow_claim_explain import CLAIMS, fill, params, scratch_database  # noqa: E402
 
-from outboxq.db import database_url, url_with_database  # noqa: E402
-from outboxq.queue import limits, migrate, sql  # noqa: E402
+from outboxq.queue import limits, sql  # noqa: E402
 from outboxq.queue.sql import limits as limits_sql  # noqa: E402
 
 
@@ -78,14 +76,8 @@ def main() -> int:
             parser.error(f"config {text!r}: expected KIND:LIMIT[:MAX_KEYS] with KIND one of {', '.join(CLAIMS)}")
         configs.append((text, kind, int(limit), int(max_keys[0]) if max_keys else None))
 
-    server = args.url or os.environ.get("DATABASE_URL") or database_url()
-    name = f"outboxq_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(server, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = url_with_database(server, name)
     per_job: dict[str, list[float]] = {text: [] for text, *_ in configs}
-    try:
-        migrate.upgrade(url)
+    with scratch_database(args.url) as url:
         print(f"{args.jobs:,} jobs, {args.keys:,} keys (per_key), {args.rounds} alternated rounds: server CPU "
               "per job (us)")
         with psycopg.connect(url, row_factory=dict_row) as conn:
@@ -102,9 +94,6 @@ def main() -> int:
                 print(f"  round {round_number + 1}: " + ", ".join(f"{t} {v[-1]:.1f}" for t, v in per_job.items()))
         for text, values in per_job.items():
             print(f"  {text:28} median {statistics.median(values):6.1f} us a job")
-    finally:
-        with psycopg.connect(server, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     return 0
 
 

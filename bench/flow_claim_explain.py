@@ -20,6 +20,8 @@ import re
 import statistics
 import sys
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -55,6 +57,23 @@ def params(limit: int, after_key: str) -> dict:
     return {"queue": "q", "limit": limit, "lease_token": uuid.uuid4(), "lease_s": 30.0, "worker_id": "bench",
             "default_max_attempts": 5, **FROM_THE_FRONT, "after_key": after_key, "max_keys": limits.key_budget(limit),
             "reserve": 0}
+
+
+@contextmanager
+def scratch_database(server_url: str | None) -> Iterator[str]:
+    """A new, migrated database on the server of `server_url` (default: DATABASE_URL, else the embedded
+    PostgreSQL); its URL. Dropped afterwards."""
+    server = server_url or os.environ.get("DATABASE_URL") or database_url()
+    name = f"outboxq_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        url = url_with_database(server, name)
+        migrate.upgrade(url)
+        yield url
+    finally:
+        with psycopg.connect(server, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def explain(conn: psycopg.Connection, kind: str, limit: int, after_key: str, repeat: int) -> tuple[float, float, int]:
@@ -131,13 +150,7 @@ def main() -> int:
     parser.add_argument("--plan", action="store_true", help="also print each claim's plan in the middle of the drain")
     args = parser.parse_args()
 
-    server = args.url or os.environ.get("DATABASE_URL") or database_url()
-    name = f"outboxq_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(server, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = url_with_database(server, name)
-    try:
-        migrate.upgrade(url)
+    with scratch_database(args.url) as url:
         print(f"{args.jobs:,} ready jobs, {args.keys:,} keys (per_key), claims of {args.limit}")
         with psycopg.connect(url, row_factory=dict_row) as conn:
             for kind in CLAIMS:
@@ -159,9 +172,6 @@ def main() -> int:
                                         params(args.limit, after_key)).fetchall()
                     conn.rollback()
                     print("\n".join("      " + r["QUERY PLAN"] for r in rows))
-    finally:
-        with psycopg.connect(server, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     return 0
 
 
