@@ -103,13 +103,13 @@ def declared_limits(queue: str, *, global_concurrency: int | None, rate_limit: s
                        rate_limit_count=count, rate_limit_period_s=period, per_key=limit_by is not None)
 
 
-def fair_hold(concurrency: int, mean_job_s: float | None, most: int) -> int:
+def fair_hold(concurrency: int, typical_job_s: float | None, most: int) -> int:
     """How many jobs of a per-key queue a worker with `concurrency` handlers holds at once: FAIR_HOLD_S of work
     at the typical handler run time (typical_job_seconds; one per handler until there is a measure), at most
     `most`."""
-    if mean_job_s is None:
+    if typical_job_s is None:
         return min(concurrency, most)
-    return max(concurrency, min(most, int(concurrency * FAIR_HOLD_S / max(mean_job_s, 1e-6))))
+    return max(concurrency, min(most, int(concurrency * FAIR_HOLD_S / max(typical_job_s, 1e-6))))
 
 
 def typical_job_seconds(before: float | None, durations: list[float]) -> float:
@@ -182,16 +182,16 @@ KEY_TURN_MAX = 20
 KEY_TURN_S = 0.02
 
 
-def keys_to_scan(limit: int, key_depth: float | None, mean_job_s: float | None) -> int:
+def keys_to_scan(limit: int, key_depth: float | None, typical_job_s: float | None) -> int:
     """How many keys a per-key claim of `limit` jobs scans. Every key it may need (key_budget) until a full
     claim has shown how many jobs its keys held at least (`key_depth`: its jobs per key served); then enough
     keys for `limit` in turns of twice that depth (the next claim's keys may hold more: a claim that finds
     them shallower comes back short, and the next scans every key again), at most KEY_TURN_MAX jobs and
-    KEY_TURN_S of the handlers' time (`mean_job_s`: typical_job_seconds) each. Not after a claim of one job per
+    KEY_TURN_S of the handlers' time (`typical_job_s`: typical_job_seconds) each. Not after a claim of one job per
     key (more keys than jobs: they may hold no more, and turns of two would come back short every other claim)."""
-    if key_depth is None or key_depth < 2 or mean_job_s is None:
+    if key_depth is None or key_depth < 2 or typical_job_s is None:
         return key_budget(limit)
-    turn = min(2 * key_depth, KEY_TURN_MAX, KEY_TURN_S / max(mean_job_s, 1e-6))
+    turn = min(2 * key_depth, KEY_TURN_MAX, KEY_TURN_S / max(typical_job_s, 1e-6))
     return key_budget(limit) if turn < 2 else min(key_budget(limit), math.ceil(limit / turn))
 
 

@@ -484,7 +484,7 @@ def test_a_limited_queue_holds_two_claims_only_while_the_workers_other_queues_ar
     assert dispatcher._most_held(limited.limits) == state.max_in_flight_limited == 400
 
 
-@pytest.mark.parametrize("limit, depth, mean_job_s, expected", [
+@pytest.mark.parametrize("limit, depth, typical_job_s, expected", [
     (500, None, 0.0001, limits.key_budget(500)),  # no full claim yet: every key it may need
     (500, 5.0, None, limits.key_budget(500)),  # no handler time measured yet
     (500, 1.0, 0.0001, limits.key_budget(500)),  # one job per key (more keys than jobs): they may hold no more
@@ -495,8 +495,8 @@ def test_a_limited_queue_holds_two_claims_only_while_the_workers_other_queues_ar
     (3, 100.0, 0.0001, 1),
 ])
 def test_a_per_key_claim_scans_enough_keys_for_its_jobs_in_turns_twice_as_deep_as_the_keys_have_shown(
-        limit, depth, mean_job_s, expected):
-    assert limits.keys_to_scan(limit, depth, mean_job_s) == expected
+        limit, depth, typical_job_s, expected):
+    assert limits.keys_to_scan(limit, depth, typical_job_s) == expected
 
 
 def test_the_typical_handler_time_follows_each_writes_median_so_a_few_stalled_handlers_do_not_move_it():
