@@ -171,15 +171,18 @@ def key_budget(limit: int) -> int:
 # A key's turn in a per-key claim whose keys all hold more jobs than their equal share (deficit round robin's
 # quantum): at most this many jobs, and this much of the handlers' time. Each key a claim scans costs an index
 # probe and a pick of its own (with 100 keys, claims of 500: 5 jobs a key, and the per-key drain ran at 0.8 of
-# the unlimited one); in turns of up to 20 jobs a claim scans a quarter of them. The price: a key that arrives
-# behind a backlog of N busy keys waits for N turns, at most N x 20 jobs, instead of about one claim.
+# the unlimited one); in turns of up to 40 jobs a claim of 1,000 scans 25 keys. The price: a key that arrives
+# behind a backlog of N busy keys waits for N turns, at most N x 40 jobs (N x 40 ms of handler time, shared by
+# the handlers), instead of about one claim. Turns of 40 against 20, paired drains of 100 keys (2026-11-27):
+# 1.059, 1.039, 0.948 and 1.052 (20 rounds) of the per-key drain rate; 10 jobs (every key in each claim) 0.977,
+# 60 jobs 0.903, and 100 jobs 0.917 (2026-11-26): deeper turns scatter each claim over more of the table.
 # The handlers' time is wall time (typical_job_seconds): on a loaded 2-core machine no-op jobs measured 0.2-4 ms
 # for stretches of a drain (their handlers waiting for the GIL and the CPU), and turns of 5 ms then shrank to
 # 2-10 jobs, the claims scanning 70-200 keys instead of 50 (a claim over 100 keys costs 40 us of the server's
-# CPU a job against 32 over 50: bench/claim_cpu.py, bench/README.md of 2026-11-26 21:17-22:45). At 20 ms,
-# turns of 20 held throughout the drain; a job that really takes 4 ms still gets turns of 5.
-KEY_TURN_MAX = 20
-KEY_TURN_S = 0.02
+# CPU a job against 32 over 50: bench/claim_cpu.py, bench/README.md of 2026-11-26 21:17-22:45). At 40 ms,
+# full turns hold throughout the drain; a job that really takes 4 ms still gets turns of 10.
+KEY_TURN_MAX = 40
+KEY_TURN_S = 0.04
 
 
 def keys_to_scan(limit: int, key_depth: float | None, typical_job_s: float | None) -> int:

@@ -8,6 +8,7 @@ rows: how many ran at once, how many started within any window of the rate limit
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -489,7 +490,7 @@ def test_a_limited_queue_holds_two_claims_only_while_the_workers_other_queues_ar
     (500, 5.0, None, limits.key_budget(500)),  # no handler time measured yet
     (500, 1.0, 0.0001, limits.key_budget(500)),  # one job per key (more keys than jobs): they may hold no more
     (500, 5.0, 0.0001, 50),  # keys that gave 5 each: turns of 10
-    (500, 100.0, 0.0001, 500 // limits.KEY_TURN_MAX),  # deep keys: turns of KEY_TURN_MAX
+    (500, 100.0, 0.0001, math.ceil(500 / limits.KEY_TURN_MAX)),  # deep keys: turns of KEY_TURN_MAX
     (500, 100.0, limits.KEY_TURN_S / 5, 100),  # slower jobs: turns of KEY_TURN_S of handler time (5 jobs)
     (500, 100.0, limits.KEY_TURN_S / 1.5, limits.key_budget(500)),  # under two jobs a turn: every key
     (3, 100.0, 0.0001, 1),
@@ -519,11 +520,13 @@ def test_the_depth_a_per_key_claim_shows_is_its_jobs_per_key_when_full_else_none
     assert limits.key_depth_shown([], 6) is None
 
 
-def test_per_key_claims_over_deep_keys_take_them_in_longer_turns_and_a_short_one_is_claimed_again_at_once(db_url):
+def test_per_key_claims_over_deep_keys_take_them_in_longer_turns_and_a_short_one_is_claimed_again_at_once(
+        db_url, monkeypatch):
     """Each key scanned costs a probe and a pick: once a full claim has shown that its keys hold their shares,
     the next claims scan fewer keys and take more of each (turns twice as deep, up to KEY_TURN_MAX), still round
     robin. A claim that finds its fewer keys shallower comes back short, and the dispatcher claims again at once,
     scanning every key (the queue is not idle)."""
+    monkeypatch.setattr(limits, "KEY_TURN_MAX", 20)  # (the cap this walk through 8 keys of 30 jobs is laid out for)
     consumer = Consumer("flow_turns", lambda payload: None, global_concurrency=10_000, limit_by="tenant")
     keys = [k for k in "abcdefgh" for _ in range(30)]
     with psycopg.connect(db_url) as conn:
