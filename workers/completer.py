@@ -159,10 +159,12 @@ class Completer:
         with s.lock:
             for o in outcomes:
                 s.in_flight.pop(o.job.id, None)
-        freed = {o.job.queue for o in outcomes} & s.limits.keys()
+        limits = s.limits  # (one reading: the dispatcher replaces the mapping when it re-reads the limits)
+        freed = {o.job.queue for o in outcomes} & limits.keys()
         for queue_name in freed:
-            s.job_seconds[queue_name] = flow_limits.typical_job_seconds(
-                s.job_seconds.get(queue_name), [o.duration_s for o in outcomes if o.job.queue == queue_name])
+            if limits[queue_name].per_key:  # (only per-key queues read it: fair_hold, keys_to_scan)
+                s.job_seconds[queue_name] = flow_limits.typical_job_seconds(
+                    s.job_seconds.get(queue_name), [o.duration_s for o in outcomes if o.job.queue == queue_name])
         if handover is not None and len(handover.jobs) == sum(o.job.queue == handover.queue for o in outcomes):
             freed.discard(handover.queue)  # (its slots were all handed over: no claim from the dispatcher)
         if freed:

@@ -63,7 +63,7 @@ class WorkerState:
         self.idle_until: dict[str, float] = {q: 0.0 for q in consumers}  # per queue: claim again after
         self.failing_queues: set[str] = set()
         # Flow control: the limits of this worker's limited queues (the dispatcher re-reads them), how many
-        # completions of limited queues' jobs were written (the completer counts), and each limited queue's
+        # completions of limited queues' jobs were written (the completer counts), and each per-key queue's
         # typical handler run time (outboxq.queue.limits.typical_job_seconds).
         self.limits: dict[str, flow_limits.QueueLimits] = {}
         self.slots_freed = 0
