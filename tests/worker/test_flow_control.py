@@ -724,6 +724,23 @@ def test_a_rate_limit_added_since_the_worker_read_the_limits_stops_the_handover(
     assert worker.state.idle_until["flow_handover_rate"] == 0.0
 
 
+def test_a_limit_raised_to_the_largest_integer_since_the_worker_read_the_limits_still_hands_over(db_url):
+    """An operator may raise a binding limit to the largest one stored (limits.MAX_LIMIT) while the worker still
+    hands its slots over: the handover's arithmetic does not overflow (the completion would fail with "integer out
+    of range" until the worker read the limits again); the slot goes to the next job."""
+    from outboxq.workers.executor import Outcome
+
+    worker, running = _handover_queue(db_url, "flow_handover_max", 2, 5)
+    with psycopg.connect(db_url) as conn:
+        limits.set_limits(conn, "flow_handover_max", global_concurrency=limits.MAX_LIMIT, set_concurrency=True)
+        conn.commit()
+    with worker.state.connect_for_completions() as writes:
+        worker.write_outcomes(writes, [Outcome(job=running[0], succeeded=True)])
+    assert _status(db_url, running[0].id) == "done" and worker.state.stats["completed"] == 1
+    [handed] = _handed_out(worker)
+    assert _status(db_url, handed.id) == "running" and _running(db_url, "flow_handover_max") == 2
+
+
 def test_the_handover_prepared_while_the_queue_was_empty_reads_the_indexes_once_it_fills(db_url):
     """The completer prepares its handover statement when it connects (Dispatcher.prepare_handovers), often
     before any job exists; that generic plan is kept, and must still read the indexes once the jobs pour in."""

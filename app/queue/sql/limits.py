@@ -253,7 +253,9 @@ flow_handed AS (
                              + %(lease_margin_s)s::float8 * interval '1 second') IS TRUE)
 ),
 flow_allowance AS (
-    SELECT greatest(0, least(%(limit)s, h.n, l.global_concurrency + h.n - """ + _RUNNING_COUNT + """))::int AS n
+    -- (In bigint: a limit raised to the largest integer since the worker read it plus the jobs handed over would
+    -- overflow an integer, and the completions would fail with it until the worker read the limits again.)
+    SELECT greatest(0, least(%(limit)s, h.n, l.global_concurrency::bigint + h.n - """ + _RUNNING_COUNT + """))::int AS n
     FROM flow_limits l CROSS JOIN flow_handed h
     WHERE l.rate_limit_count IS NULL AND NOT l.per_key
 ),
