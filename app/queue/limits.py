@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from outboxq.errors import InvalidInput, InvalidLimit
+from outboxq.errors import InvalidInput, InvalidLimit, InvalidPayload
 from outboxq.queue.jobs import CLAIM_ORDER
 from outboxq.queue.sql import limits as limits_sql
 
@@ -212,23 +212,44 @@ def key_depth_shown(rows: list[dict[str, Any]], limit: int) -> float | None:
     return len(rows) / len({r["limit_key"] for r in rows})
 
 
+# A limit key is indexed (outboxq_jobs_limit_key_idx): longer keys could exceed an index entry's size.
+MAX_LIMIT_KEY_LENGTH = 255
+
+
+def _valid_limit_key(key: str) -> bool:
+    return len(key) <= MAX_LIMIT_KEY_LENGTH and "\x00" not in key
+
+
 def limit_key_of(limit_by: LimitBy, payload: Any) -> str | None:
-    """The limit key of a payload: its `limit_by` field, or what the callable returns (None: no key)."""
+    """The limit key of a payload: its `limit_by` field, or what the callable returns (None: no key);
+    InvalidPayload when the callable fails or the key is no valid limit key (nothing is written)."""
     if callable(limit_by):
-        value = limit_by(payload)
+        try:
+            value = limit_by(payload)
+        except Exception as exc:  # the user's callable: any error of it is this payload's, told as such
+            raise InvalidPayload(f"limit_by could not give this payload a limit key ({exc!r}); fix the payload, "
+                                 f"or pass limit_key= to enqueue") from exc
     elif isinstance(payload, dict):
         value = payload.get(limit_by)
     else:
         value = None
-    return None if value is None else str(value)
+    if value is None:
+        return None
+    key = str(value)
+    if not _valid_limit_key(key):
+        raise InvalidPayload(f"the limit key that limit_by gives this payload ({key!r:.80}) is too long or holds a "
+                             f"NUL character: keys are at most {MAX_LIMIT_KEY_LENGTH} characters; pass limit_key= "
+                             f"to enqueue")
+    return key
 
 
 def validate_limit_key(limit_key: Any) -> str | None:
     """A limit key given to enqueue (or None), or InvalidInput."""
     if limit_key is None:
         return None
-    if not isinstance(limit_key, str) or len(limit_key) > 255 or "\x00" in limit_key:
-        raise InvalidInput(f"invalid limit_key {limit_key!r}: use a string of at most 255 characters")
+    if not isinstance(limit_key, str) or not _valid_limit_key(limit_key):
+        raise InvalidInput(f"invalid limit_key {limit_key!r}: use a string of at most {MAX_LIMIT_KEY_LENGTH} "
+                           f"characters")
     return limit_key
 
 

@@ -236,6 +236,32 @@ def test_limit_key_given_to_enqueue_overrides_limit_by_and_bad_limits_are_refuse
         Consumer("q", lambda p: None, global_concurrency=-1).limits  # noqa: B018
 
 
+def test_a_payload_that_limit_by_cannot_key_is_refused_with_a_message_and_writes_nothing(db_url):
+    """A limit_by callable that fails on a payload (flow_fair's p["tenant"] on a payload without it), or a derived
+    key longer than a limit key may be: the enqueue is refused with InvalidPayload saying what to fix, over HTTP a
+    422, never a 500; nothing is written. The same payload with limit_key= given goes in."""
+    from outboxq.errors import InvalidPayload
+    from tests.api_support import api_client, job_count
+
+    with psycopg.connect(db_url) as conn:
+        with pytest.raises(InvalidPayload, match="limit_by could not give this payload a limit key.*KeyError"):
+            enqueue(conn, "flow_fair", {"customer": "a"})
+        with pytest.raises(InvalidPayload, match="at most 255 characters"):
+            enqueue(conn, "flow_per_key", {"tenant": "x" * 256})
+        with pytest.raises(InvalidPayload, match="limit_by could not give"):
+            enqueue_many(conn, "flow_fair", [{"tenant": "a"}, {"customer": "b"}])
+        conn.rollback()
+    assert job_count(db_url) == 0
+    with api_client(db_url, raise_server_exceptions=False) as api:
+        response = api.post("/v1/queues/flow_fair/jobs", json={"payload": {"customer": "a"}})
+        assert response.status_code == 422, response.text
+        assert "limit_by could not give this payload a limit key" in response.text
+        assert job_count(db_url) == 0
+    with psycopg.connect(db_url) as conn:
+        job = enqueue(conn, "flow_fair", {"customer": "a"}, limit_key="a")
+        assert conn.execute("SELECT limit_key FROM outboxq_jobs WHERE id = %s", (job.id,)).fetchone() == ("a",)
+
+
 def test_a_queue_without_limits_claims_with_the_unlimited_statement(db_url):
     claimed_with = []
 
