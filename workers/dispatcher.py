@@ -170,18 +170,18 @@ class Dispatcher:
     # ------------------------------------------------------------------ flow control (outboxq.queue.limits)
 
     def read_limits(self, conn: DictConnection) -> None:
-        """Read the limits of this worker's queues (at start, having declared its consumers' limits where they
-        differ from those stored)."""
+        """Read the limits of this worker's queues, having declared its consumers' limits where they differ from
+        those stored (at start), or are missing (later: flow_limits.declaration_changes)."""
         s = self.state
         with durable_transaction(conn):
             stored = flow_limits.load(conn)
-            if self._limits_read_at is None:
-                changes = [c.limits for c in s.consumers.values()
-                           if flow_limits.declaration_changes(c.limits, stored.get(c.queue))]
-                for declared in changes:
-                    flow_limits.declare(conn, declared)
-                if changes:
-                    stored = flow_limits.load(conn)
+            # (At start every declaration that differs; later only what went missing: flow_limits.declaration_changes.)
+            changes = [c.limits for c in s.consumers.values() if flow_limits.declaration_changes(
+                c.limits, stored.get(c.queue), starting=self._limits_read_at is None)]
+            for declared in changes:
+                flow_limits.declare(conn, declared)
+            if changes:
+                stored = flow_limits.load(conn)
             s.limits = {q: lim for q, lim in stored.items() if q in s.consumers and lim.limited}
             conn.commit()
         self._limits_read_at = time.monotonic()

@@ -257,7 +257,8 @@ def validate_limit_key(limit_key: Any) -> str | None:
 
 
 def declare(conn: Any, limits: QueueLimits) -> None:
-    """Write a consumer's declared limits (kept when an operator set the queue's); not committed."""
+    """Write a consumer's declared limits (an operator's limits of the queue stay, but per_key follows limit_by,
+    which is code, whoever set the row); not committed."""
     if limits.limited or limits.per_key:
         conn.execute(limits_sql.queue_limits_declare, {
             "queue": limits.queue, "global_concurrency": limits.global_concurrency,
@@ -265,15 +266,21 @@ def declare(conn: Any, limits: QueueLimits) -> None:
             "per_key": limits.per_key})
     else:
         conn.execute(limits_sql.queue_limits_undeclare, {"queue": limits.queue})
+        conn.execute(limits_sql.queue_limits_not_per_key, {"queue": limits.queue})
 
 
-def declaration_changes(declared: QueueLimits, stored: QueueLimits | None) -> bool:
+def declaration_changes(declared: QueueLimits, stored: QueueLimits | None, *, starting: bool = True) -> bool:
     """Whether declare() would change what PostgreSQL holds for the queue (`stored`: its row, if any). A worker
     that starts with its consumers' limits already stored writes nothing: no row lock that the workers starting
-    beside it wait for, no commit to flush."""
+    beside it wait for, no commit to flush. Once started (`starting` false, the workers' periodic re-reads) it
+    declares only what is missing: the row, gone since (an operator's reset: back to what the consumers
+    declare), or per_key set otherwise than its limit_by (an operator's limits written before any worker
+    declared); it leaves the other limits to the operator and to the next start."""
     if stored is None:
         return declared.limited or declared.per_key
-    if stored.source != "consumer":
+    if declared.per_key != stored.per_key:
+        return True
+    if stored.source != "consumer" or not starting:
         return False  # an operator's limits stay until reset (declare leaves them)
     if not (declared.limited or declared.per_key):
         return True  # what a consumer declared goes when the consumer declares nothing

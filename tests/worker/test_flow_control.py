@@ -323,6 +323,58 @@ def test_the_dispatchers_limited_claims_and_declared_limits_are_on_disk_when_it_
         assert conn.autocommit and conn.execute("SHOW synchronous_commit").fetchone()["synchronous_commit"] == "off"
 
 
+def _stored_limits(db_url, queue):
+    with psycopg.connect(db_url) as conn:
+        return limits.load(conn).get(queue)
+
+
+def test_a_reset_while_workers_run_brings_back_what_their_consumers_declare(db_url):
+    """An operator's reset deletes the queue's row; a running worker declares its consumer's limits again at its
+    next reading of the limits (every few seconds), instead of claiming without any limit until it restarts."""
+    consumer = Consumer("flow_reset", lambda payload: None, global_concurrency=2, limit_by="tenant")
+    worker = Worker([consumer], url=db_url, run_maintenance=False, listen=False)
+    with worker.state.connect_for_claims() as claims:
+        worker.dispatcher.read_limits(claims)
+        with psycopg.connect(db_url) as conn:
+            limits.set_limits(conn, "flow_reset", global_concurrency=5, set_concurrency=True)
+            conn.commit()
+        worker.dispatcher.read_limits(claims)
+        assert worker.state.limits["flow_reset"].global_concurrency == 5
+        with psycopg.connect(db_url) as conn:
+            assert limits.reset_limits(conn, "flow_reset")
+            conn.commit()
+        worker.dispatcher.read_limits(claims)
+    assert worker.state.limits["flow_reset"] == limits.QueueLimits("flow_reset", global_concurrency=2, per_key=True)
+    assert _stored_limits(db_url, "flow_reset") == worker.state.limits["flow_reset"]
+
+
+def test_per_key_follows_limit_by_even_in_limits_an_operator_set(db_url):
+    """per_key comes from the consumer's limit_by (code): limits an operator sets before any worker declared (or
+    right after a reset) are stored per queue, and the workers turn them per key, at start and while running,
+    keeping the operator's values; a consumer that drops limit_by turns per_key off, the operator's limits stay."""
+    with psycopg.connect(db_url) as conn:
+        limits.set_limits(conn, "flow_op_first", global_concurrency=3, set_concurrency=True)
+        conn.commit()
+    keyed = Consumer("flow_op_first", lambda payload: None, global_concurrency=9, limit_by="tenant")
+    worker = Worker([keyed], url=db_url, run_maintenance=False, listen=False)
+    with worker.state.connect_for_claims() as claims:
+        worker.dispatcher.read_limits(claims)
+        operator_per_key = limits.QueueLimits("flow_op_first", global_concurrency=3, per_key=True, source="operator")
+        assert worker.state.limits["flow_op_first"] == operator_per_key
+        with psycopg.connect(db_url) as conn:  # a reset, then limits set again before the workers declared
+            limits.reset_limits(conn, "flow_op_first")
+            limits.set_limits(conn, "flow_op_first", global_concurrency=3, set_concurrency=True)
+            conn.commit()
+        worker.dispatcher.read_limits(claims)
+        assert worker.state.limits["flow_op_first"] == operator_per_key
+    plain = Consumer("flow_op_first", lambda payload: None)
+    restarted = Worker([plain], url=db_url, run_maintenance=False, listen=False)
+    with restarted.state.connect_for_claims() as claims:
+        restarted.dispatcher.read_limits(claims)
+    assert _stored_limits(db_url, "flow_op_first") == limits.QueueLimits(
+        "flow_op_first", global_concurrency=3, per_key=False, source="operator")
+
+
 def test_a_worker_starting_with_its_limits_already_stored_writes_nothing(db_url):
     """Workers that start together with the same consumers (a deployment) each declare their limits: only the
     first writes them; the others read them and neither update nor lock the row (which would make each wait

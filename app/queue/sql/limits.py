@@ -72,27 +72,39 @@ SELECT queue, global_concurrency, rate_limit_count, rate_limit_period_s, per_key
 FROM outboxq_queue_limits WHERE queue = %(queue)s
 """
 
-# What a worker's @consumer declares, written at its start unless an operator set the queue's limits. A
-# consumer without limits removes a row that came from a consumer.
+# What a worker's @consumer declares, written at its start unless an operator set the queue's limits, whose
+# row keeps them; per_key follows the consumer's limit_by (code) in either row. A consumer without limits
+# removes a row that came from a consumer (queue_limits_undeclare) and turns per_key off in an operator's
+# (queue_limits_not_per_key).
 queue_limits_declare = """
 INSERT INTO outboxq_queue_limits (queue, global_concurrency, rate_limit_count, rate_limit_period_s, per_key)
 VALUES (%(queue)s, %(global_concurrency)s, %(rate_limit_count)s, %(rate_limit_period_s)s, %(per_key)s)
 ON CONFLICT (queue) DO UPDATE
-SET global_concurrency = EXCLUDED.global_concurrency, rate_limit_count = EXCLUDED.rate_limit_count,
-    rate_limit_period_s = EXCLUDED.rate_limit_period_s, per_key = EXCLUDED.per_key, updated_at = now()
-WHERE outboxq_queue_limits.source = 'consumer'
-  AND (outboxq_queue_limits.global_concurrency, outboxq_queue_limits.rate_limit_count,
-       outboxq_queue_limits.rate_limit_period_s, outboxq_queue_limits.per_key)
-      IS DISTINCT FROM (EXCLUDED.global_concurrency, EXCLUDED.rate_limit_count,
-                        EXCLUDED.rate_limit_period_s, EXCLUDED.per_key)
+SET global_concurrency = CASE WHEN outboxq_queue_limits.source = 'consumer' THEN EXCLUDED.global_concurrency
+                              ELSE outboxq_queue_limits.global_concurrency END,
+    rate_limit_count = CASE WHEN outboxq_queue_limits.source = 'consumer' THEN EXCLUDED.rate_limit_count
+                            ELSE outboxq_queue_limits.rate_limit_count END,
+    rate_limit_period_s = CASE WHEN outboxq_queue_limits.source = 'consumer' THEN EXCLUDED.rate_limit_period_s
+                               ELSE outboxq_queue_limits.rate_limit_period_s END,
+    per_key = EXCLUDED.per_key, updated_at = now()
+WHERE outboxq_queue_limits.per_key IS DISTINCT FROM EXCLUDED.per_key
+   OR (outboxq_queue_limits.source = 'consumer'
+       AND (outboxq_queue_limits.global_concurrency, outboxq_queue_limits.rate_limit_count,
+            outboxq_queue_limits.rate_limit_period_s)
+           IS DISTINCT FROM (EXCLUDED.global_concurrency, EXCLUDED.rate_limit_count, EXCLUDED.rate_limit_period_s))
 """
 
 queue_limits_undeclare = """
 DELETE FROM outboxq_queue_limits WHERE queue = %(queue)s AND source = 'consumer'
 """
 
+queue_limits_not_per_key = """
+UPDATE outboxq_queue_limits SET per_key = false, updated_at = now() WHERE queue = %(queue)s AND per_key
+"""
+
 # The operator's change (`outboxq queues limit`): each limit given replaces the current one (NULL = none);
-# per_key stays what the consumer declared (it follows limit_by, which is code).
+# per_key stays what the consumer declared (it follows limit_by, which is code; a row written here before any
+# consumer declared says false until a worker declares: queue_limits_declare).
 queue_limits_set = """
 INSERT INTO outboxq_queue_limits (queue, global_concurrency, rate_limit_count, rate_limit_period_s, source)
 VALUES (%(queue)s, %(global_concurrency)s, %(rate_limit_count)s, %(rate_limit_period_s)s, 'operator')
