@@ -32,6 +32,12 @@ log = logging.getLogger("outboxq.worker")
 # workers' jobs finish, and its rate window slides), rather than after the poll interval.
 LIMITED_RECHECK_S = 0.05
 
+# Keyless jobs of a per-key queue (limits_sql.job_keyless_window): how many of its front jobs a look reads, and
+# how soon after a look that found less than that the next one may run (it follows the claims that come back
+# short, and every reading of the limits).
+ADOPT_WINDOW = 1_000
+ADOPT_INTERVAL_S = 0.2
+
 
 def claim_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A claim's rows in the order the handlers take them: UPDATE ... RETURNING gives none, so claim order
@@ -80,6 +86,7 @@ class Dispatcher:
         self._limit_cursor: dict[str, str] = {}  # per-key queues: where the round robin resumes
         self._key_depth: dict[str, float] = {}  # per-key queues: the jobs per key the last full claim showed
         self._claim_again: set[str] = set()  # per-key queues whose claim scanned too few keys (see below)
+        self._adopt_due: dict[str, float] = {}  # per-key queues: when the next look for keyless jobs may run
         self.cursors = ClaimCursors()  # other queues: where the next claim reads the claim index from
 
     def loop(self) -> None:
@@ -96,6 +103,7 @@ class Dispatcher:
                 # dispatcher that is never idle re-reads them here, at twice the interval.
                 if self._limits_read_at is None or now - self._limits_read_at >= 2 * flow_limits.LIMITS_REFRESH_S:
                     self.read_limits(conn)
+                    self.adopt_all_keyless(conn)
                 for queue_name, consumer in s.consumers.items():
                     if s.stopping.is_set() or s.idle_until[queue_name] > now:
                         continue
@@ -114,6 +122,8 @@ class Dispatcher:
                         if wanted <= 0:
                             continue  # every handler is busy: a completion wakes the dispatcher
                         jobs = self.claim_limited(conn, consumer, limits, wanted)
+                        if limits.per_key and len(jobs) < wanted and self.adopt_keyless(conn, consumer):
+                            self._claim_again.add(queue_name)  # (the jobs just given a key can be claimed)
                     for job in jobs:
                         s.work.put(job)
                     claim_again = queue_name in self._claim_again
@@ -131,6 +141,7 @@ class Dispatcher:
                 if self._limits_read_at is not None and (
                         time.monotonic() - self._limits_read_at >= flow_limits.LIMITS_REFRESH_S):
                     self.read_limits(conn)
+                    self.adopt_all_keyless(conn)
                 next_due = min(s.idle_until.values()) - time.monotonic()
                 s.wake.wait(timeout=max(0.001, min(s.poll_interval, next_due)) if next_due > 0 else 0.05)
                 s.wake.clear()
@@ -185,6 +196,45 @@ class Dispatcher:
             s.limits = {q: lim for q, lim in stored.items() if q in s.consumers and lim.limited}
             conn.commit()
         self._limits_read_at = time.monotonic()
+
+    def adopt_all_keyless(self, conn: DictConnection) -> None:
+        """adopt_keyless for each of this worker's per-key queues (after each reading of the limits)."""
+        for queue_name, limits in self.state.limits.items():
+            if limits.per_key:
+                self.adopt_keyless(conn, self.state.consumers[queue_name])
+
+    def adopt_keyless(self, conn: DictConnection, consumer: Consumer) -> int:
+        """Give a limit key to the keyless jobs at the front of a per-key queue (limits_sql.job_keyless_window:
+        enqueued where its consumer was not known), computed by its consumer's limit_by as enqueue would, the
+        shared NO_LIMIT_KEY where that gives none or fails; how many. At most every ADOPT_INTERVAL_S, but at once
+        again after a full window. On the dispatcher's connection: each statement commits (a key lost in a
+        crash is given again)."""
+        queue = consumer.queue
+        now = time.monotonic()
+        if now < self._adopt_due.get(queue, 0.0):
+            return 0
+        rows = conn.execute(limits_sql.job_keyless_window, {"queue": queue, "window": ADOPT_WINDOW}).fetchall()
+        self._adopt_due[queue] = now if len(rows) >= ADOPT_WINDOW else now + ADOPT_INTERVAL_S
+        if rows:
+            conn.execute(limits_sql.job_set_limit_keys, {
+                "ids": [r["id"] for r in rows], "limit_keys": [self._limit_key_for(consumer, r) for r in rows]})
+            if not conn.autocommit:
+                conn.commit()
+        return len(rows)
+
+    @staticmethod
+    def _limit_key_for(consumer: Consumer, row: dict[str, Any]) -> str:
+        """A stored job's limit key, as enqueue would have computed it from its payload."""
+        try:
+            payload = row["payload"]
+            if row["payload_bytes"] is not None and consumer.decode is not None:
+                payload = consumer.decode(bytes(row["payload_bytes"]))
+            key = flow_limits.limit_key_of(consumer.limit_by, payload) if consumer.limit_by is not None else None
+        except Exception as exc:  # (the consumer's own decode or limit_by: the job still runs, under no key)
+            log.warning("dispatcher: no limit key for job %s of %s (%s): it runs under the shared empty key",
+                        row["id"], consumer.queue, exc)
+            key = None
+        return flow_limits.NO_LIMIT_KEY if key is None else key
 
     @staticmethod
     def _cannot_bind_holding(limits: flow_limits.QueueLimits, held: int) -> bool:

@@ -220,6 +220,11 @@ def _valid_limit_key(key: str) -> bool:
     return len(key) <= MAX_LIMIT_KEY_LENGTH and "\x00" not in key
 
 
+# The key of a per-key queue's jobs whose payload gives none (limit_by finds no field, or returns None): they share
+# the limits of this one key, rather than have no key (a per-key claim takes only jobs with a key).
+NO_LIMIT_KEY = ""
+
+
 def limit_key_of(limit_by: LimitBy, payload: Any) -> str | None:
     """The limit key of a payload: its `limit_by` field, or what the callable returns (None: no key);
     InvalidPayload when the callable fails or the key is no valid limit key (nothing is written)."""

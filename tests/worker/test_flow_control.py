@@ -28,6 +28,7 @@ from outboxq.errors import InvalidLimit
 from outboxq.queue import limits
 from outboxq.queue.sql import limits as limits_sql
 from outboxq.workers.claim_cursor import FROM_THE_FRONT
+from outboxq.workers.dispatcher import ADOPT_WINDOW
 from outboxq.workers.registry import Consumer
 from outboxq.workers.runner import Worker
 from tests.handlers_flow import RUNS_DDL
@@ -260,6 +261,69 @@ def test_a_payload_that_limit_by_cannot_key_is_refused_with_a_message_and_writes
     with psycopg.connect(db_url) as conn:
         job = enqueue(conn, "flow_fair", {"customer": "a"}, limit_key="a")
         assert conn.execute("SELECT limit_key FROM outboxq_jobs WHERE id = %s", (job.id,)).fetchone() == ("a",)
+
+
+def test_jobs_of_a_per_key_queue_enqueued_without_its_consumer_get_a_key_and_run(db_url):
+    """A per-key claim reads only jobs with a limit key. Jobs enqueued where the consumer (its limit_by) is not
+    known get none (here: a queue no consumer of this process is registered for, as over `outboxq serve` or from
+    another service); the worker gives the keyless jobs at the front of the queue their key as enqueue would
+    have, the shared empty key where the payload has none, and they run. Where the consumer is known, a payload
+    without the field gets the shared empty key at enqueue."""
+    with psycopg.connect(db_url) as conn:
+        enqueue_many(conn, "flow_adopt", [{"tenant": "a"}, {"tenant": "b"}, {"other": 1}])
+        keyed_here = enqueue(conn, "flow_per_key", {"other": 1})
+        conn.commit()
+        keys = conn.execute("SELECT limit_key FROM outboxq_jobs WHERE queue = 'flow_adopt'").fetchall()
+        assert keys == [(None,)] * 3
+        assert conn.execute("SELECT limit_key FROM outboxq_jobs WHERE id = %s", (keyed_here.id,)).fetchone() == ("",)
+    consumer = Consumer("flow_adopt", lambda payload: None, global_concurrency=5, limit_by="tenant")
+    worker = Worker([consumer], url=db_url, run_maintenance=False, listen=False)
+    with worker.state.connect_for_claims() as claims:
+        worker.dispatcher.read_limits(claims)
+        queue_limits = worker.state.limits["flow_adopt"]
+        assert worker.dispatcher.claim_limited(claims, consumer, queue_limits, 10) == []
+        assert worker.dispatcher.adopt_keyless(claims, consumer) == 3
+        assert worker.dispatcher.adopt_keyless(claims, consumer) == 0
+        jobs = worker.dispatcher.claim_limited(claims, consumer, queue_limits, 10)
+    assert sorted(j.payload.get("tenant", "") for j in jobs) == ["", "a", "b"]
+    assert _count(db_url, "SELECT count(*) FROM outboxq_jobs WHERE queue = 'flow_adopt' AND status = 'running' "
+                          "AND limit_key IS NOT NULL") == 3
+
+
+def test_the_look_for_keyless_jobs_reads_only_the_front_of_the_queue_through_its_indexes(db_url):
+    """The look runs after every short per-key claim and every reading of the limits: planned once on the
+    dispatcher's connection (while the queue was empty), it still reads the claim and retry indexes, a bounded
+    window, once 20,000 keyed jobs wait: never the jobs table nor its history."""
+    consumer = Consumer("flow_adopt_plan", lambda payload: None, global_concurrency=10, limit_by="tenant")
+    worker = Worker([consumer], url=db_url, run_maintenance=False, listen=False)
+    with worker.state.connect_for_claims() as conn:
+        for _ in range(3):
+            worker.dispatcher._adopt_due.clear()
+            assert worker.dispatcher.adopt_keyless(conn, consumer) == 0
+        _fill(db_url, "flow_adopt_plan", [{"tenant": f"t{i % 50}"} for i in range(20_000)],
+              limit_keys=[f"t{i % 50}" for i in range(20_000)])
+        conn.autocommit = False
+        [plan] = explain_prepared(conn, limits_sql.job_keyless_window,
+                                  {"queue": "flow_adopt_plan", "window": ADOPT_WINDOW})
+        conn.rollback()
+    scans = {(n["Node Type"], n.get("Index Name")) for n in plan_nodes(plan) if n.get("Relation Name")}
+    assert scans == {("Index Scan", "outboxq_jobs_claim_idx"), ("Index Scan", "outboxq_jobs_retry_idx")}, scans
+    assert all(n.get("Plan Rows", 0) <= ADOPT_WINDOW for n in plan_nodes(plan) if n["Node Type"] == "Limit")
+
+
+def test_a_running_worker_runs_keyless_jobs_of_its_per_key_queue(db_url):
+    """The same through a started worker: keyless jobs enqueued while it runs are given a key and handled."""
+    handled = []
+    consumer = Consumer("flow_adopt_live", handled.append, global_concurrency=2, limit_by=lambda p: p.get("t"))
+    worker = Worker([consumer], url=db_url, run_maintenance=False, poll_interval=0.1).start()
+    try:
+        with psycopg.connect(db_url) as conn:
+            enqueue_many(conn, "flow_adopt_live", [{"t": "x"}, {"t": "y"}, {}])
+            conn.commit()
+        wait_for(lambda: len(handled) == 3, timeout=20)
+    finally:
+        worker.stop(timeout=5)
+    assert _count(db_url, "SELECT count(*) FROM outboxq_jobs WHERE queue = 'flow_adopt_live' AND status = 'done'") == 3
 
 
 def test_a_queue_without_limits_claims_with_the_unlimited_statement(db_url):

@@ -148,6 +148,29 @@ WHERE %(queue)s::text IS NULL OR l.queue = %(queue)s
 ORDER BY l.queue
 """
 
+# Jobs of a per-key queue written without a limit key (enqueued where its consumer, and so its limit_by, was not
+# known: over HTTP, by another service, before limit_by was added): a per-key claim reads the key index, which
+# they are not in, and would never take them. The worker reads those at the front of the queue (its first
+# `window` queued and retrying jobs, in claim order, through the claim and retry indexes: a bounded read whatever
+# the backlog) and gives them a key (outboxq.workers.dispatcher.Dispatcher.adopt_keyless).
+job_keyless_window = """
+SELECT id, payload, payload_bytes FROM (
+    (SELECT id, payload, payload_bytes, limit_key FROM outboxq_jobs
+     WHERE queue = %(queue)s AND status = 'queued' ORDER BY priority, run_at, id LIMIT %(window)s)
+    UNION ALL
+    (SELECT id, payload, payload_bytes, limit_key FROM outboxq_jobs
+     WHERE queue = %(queue)s AND status = 'retrying' ORDER BY run_at, id LIMIT %(window)s)
+) front
+WHERE limit_key IS NULL
+"""
+
+# (Only where no key was given meanwhile.)
+job_set_limit_keys = """
+UPDATE outboxq_jobs j SET limit_key = k.limit_key
+FROM unnest(%(ids)s::bigint[], %(limit_keys)s::text[]) AS k(id, limit_key)
+WHERE j.id = k.id AND j.limit_key IS NULL
+"""
+
 # ---------------------------------------------------------------- the claims of limited queues
 
 # A limited claim runs with its generic plan (psycopg prepares it from its sixth run on; on the worker's own
