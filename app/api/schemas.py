@@ -23,7 +23,7 @@ from typing_extensions import TypedDict
 
 from outboxq.queue.enqueue import MAX_KEY_LENGTH, PRIORITY_RANGE, QUEUE_NAME_PATTERN
 from outboxq.queue.jobs import QueuedBatch
-from outboxq.queue.limits import RATE_LIMIT_PATTERN
+from outboxq.queue.limits import MAX_LIMIT_KEY_LENGTH, RATE_LIMIT_PATTERN
 
 QUEUE_PATTERN = f"^{QUEUE_NAME_PATTERN.pattern}$"
 KEY_PATTERN = "^[^\\u0000]+$"  # any text but NUL (PostgreSQL's text cannot hold it), as enqueue checks
@@ -69,7 +69,7 @@ class DependencyRef(TypedDict):
 # The value of each optional field of a job that leaves it out (the document shows them as its defaults).
 JOB_DEFAULTS: dict[str, Any] = {
     "key": None, "depends_on": (), "run_at": None, "delay_seconds": None, "priority": 0, "max_attempts": None,
-    "unique": "forever", "on_conflict": "raise", "on_dependency_failure": "wait",
+    "unique": "forever", "on_conflict": "raise", "on_dependency_failure": "wait", "limit_key": None,
 }
 
 
@@ -113,6 +113,9 @@ class JobCreate(TypedDict, total=False):
     on_dependency_failure: Annotated[Literal["wait", "cancel", "run"], _documented(
         "on_dependency_failure", "When a dependency ends dead or cancelled: keep waiting, cancel this job, or "
         "run it")]
+    limit_key: Annotated[str | None, _documented(
+        "limit_key", "The job's key for its queue's per-key limits (a consumer's limit_by); without it the "
+        "worker computes the key from the payload", max_length=MAX_LIMIT_KEY_LENGTH)]
 
 
 def _fields_agree(job: JobCreate) -> JobCreate:

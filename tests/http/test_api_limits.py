@@ -161,3 +161,22 @@ def test_limits_set_at_run_time_survive_a_worker_restart_that_declares_others(ap
         worker.stop(timeout=5)
     declared = api.get("/v1/queues/api-restart/limits").json()
     assert (declared["global_concurrency"], declared["rate_limit"], declared["source"]) == (50, "5/s", "consumer")
+
+
+def test_jobs_enqueued_over_http_take_their_limit_key_and_a_bad_one_gets_a_422(api, db_url):
+    """`limit_key` on a job of the HTTP API is stored as enqueue(..., limit_key=) stores it, one by one and in a
+    batch (each job its own); one too long or holding a NUL gets a 422 that names it, and nothing is written."""
+    assert api.post("/v1/queues/tenants/jobs", json={"payload": {}, "limit_key": "acme"}).status_code == 201
+    batch = api.post("/v1/queues/tenants/jobs/batch", json={"jobs": [
+        {"payload": {}, "limit_key": "a"}, {"payload": {}, "limit_key": "b"}, {"payload": {}}]})
+    assert batch.status_code == 201, batch.text
+    with psycopg.connect(db_url) as conn:
+        keys = [r[0] for r in conn.execute("SELECT limit_key FROM outboxq_jobs ORDER BY id").fetchall()]
+    assert keys == ["acme", "a", "b", None]
+    for bad in ("x" * 256, "a\x00b"):
+        response = api.post("/v1/queues/tenants/jobs", json={"payload": {}, "limit_key": bad})
+        assert response.status_code == 422 and "limit_key" in response.text, response.text
+        response = api.post("/v1/queues/tenants/jobs/batch", json={"jobs": [{"payload": {}, "limit_key": bad}]})
+        assert response.status_code == 422 and "limit_key" in response.text, response.text
+    with psycopg.connect(db_url) as conn:
+        assert conn.execute("SELECT count(*) FROM outboxq_jobs").fetchone()[0] == 4

@@ -68,7 +68,7 @@ def check_dependency_count(jobs: list[JobCreate], limit: int) -> None:
 SHARED_OPTIONS = {"run_at": "run_at", "delay_seconds": "delay", "priority": "priority",
                   "max_attempts": "max_attempts", "unique": "unique", "on_conflict": "on_conflict"}
 # A job that gives only these takes the defaults of every shared option (a batch's usual job).
-PER_JOB_FIELDS = frozenset({"payload", "key"})
+PER_JOB_FIELDS = frozenset({"payload", "key", "limit_key"})
 
 
 def _shared_options(job: JobCreate) -> tuple[Any, ...]:
@@ -88,6 +88,7 @@ def _options(job: JobCreate) -> dict[str, Any]:
     return {
         **{option: job_option(job, name) for name, option in SHARED_OPTIONS.items()},
         "key": job.get("key"),
+        "limit_key": job.get("limit_key"),
         "depends_on": [(d["queue"], d["key"]) for d in job_option(job, "depends_on")],
         "on_dependency_failure": job_option(job, "on_dependency_failure"),
     }
@@ -150,7 +151,10 @@ def create_jobs(queue: QueueName, body: JobBatchCreate, request: Request, princi
             # (keys=None when no job has one: a key-less batch is then written as enqueue_many writes one, with
             # no check per key.)
             keys = [j.get("key") for j in body.jobs] if any("key" in j for j in body.jobs) else None
+            limit_keys = ([j.get("limit_key") for j in body.jobs] if any("limit_key" in j for j in body.jobs)
+                          else None)
             jobs = enqueue_many_written(conn, queue, [j["payload"] for j in body.jobs], keys=keys,
+                                        limit_keys=limit_keys,
                                         **{option: shared[option] for option in SHARED_OPTIONS.values()})
         else:  # per-job options or dependencies (a job may depend on an earlier one of the batch)
             jobs = [enqueue(conn, queue, j["payload"], **_options(j)) for j in body.jobs]
