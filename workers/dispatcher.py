@@ -4,6 +4,7 @@ within the queues' limits, and sleeps until notified, a poll is due, or a slot o
 from __future__ import annotations
 
 import logging
+import queue as queue_module
 import random
 import time
 import uuid
@@ -193,9 +194,42 @@ class Dispatcher:
                 flow_limits.declare(conn, declared)
             if changes:
                 stored = flow_limits.load(conn)
+            before = s.limits
             s.limits = {q: lim for q, lim in stored.items() if q in s.consumers and lim.limited}
             conn.commit()
         self._limits_read_at = time.monotonic()
+        self._hand_back_over_new_limits(conn, before)
+
+    def _hand_back_over_new_limits(self, conn: DictConnection, before: dict[str, flow_limits.QueueLimits]) -> None:
+        """Hand back the unstarted jobs of the queues whose limits can bind this worker's buffer now and could not
+        when their jobs were claimed (a limit added, or lowered, since the last reading): claimed beyond the new
+        limit, they would start beyond it, for as long as the worker's buffer of them lasts. Their next claims
+        are counted against the new limits."""
+        s = self.state
+        queues = {q for q, lim in s.limits.items()
+                  if not self._buffer_cannot_bind(lim) and (q not in before or self._buffer_cannot_bind(before[q]))}
+        if not queues:
+            return
+        taken: list[ClaimedJob] = []
+        kept: list[ClaimedJob | None] = []
+        while True:  # (the handlers may take some meanwhile: those start, as they would have a moment before)
+            try:
+                job = s.work.get_nowait()
+            except queue_module.Empty:
+                break
+            if job is not None and job.queue in queues:
+                taken.append(job)
+            else:
+                kept.append(job)
+        for job in kept:
+            s.work.put(job)
+        if not taken:
+            return
+        with s.lock:
+            s.buffered -= len(taken)
+        s.hand_back(conn, taken)
+        log.info("handed back %d unstarted jobs of %s: their limits changed since they were claimed",
+                 len(taken), ", ".join(sorted({j.queue for j in taken})))
 
     def adopt_all_keyless(self, conn: DictConnection) -> None:
         """adopt_keyless for each of this worker's per-key queues (after each reading of the limits)."""

@@ -11,7 +11,6 @@ import time
 
 import psycopg
 
-from outboxq.queue import sql
 from outboxq.workers import executor
 from outboxq.workers.executor import ClaimedJob
 from outboxq.workers.state import WorkerState
@@ -82,15 +81,9 @@ class HandlerThreads:
             return
         try:
             with s.connect() as conn:
-                conn.execute(sql.job_release_unstarted, {
-                    "ids": [j.id for j in self._unstarted],
-                    "lease_tokens": [j.lease_token for j in self._unstarted],
-                })
+                s.hand_back(conn, self._unstarted)
             log.info("handed back %d claimed jobs that had not started", len(self._unstarted))
         except psycopg.Error as exc:
             log.warning("could not hand back %d unstarted jobs (%s): they will be rescued when their "
                         "leases expire", len(self._unstarted), exc)
-        with s.lock:
-            for job in self._unstarted:
-                s.in_flight.pop(job.id, None)
         self._unstarted.clear()

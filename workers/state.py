@@ -117,3 +117,18 @@ class WorkerState:
         """Jobs this worker holds the lease of (claimed and not yet written back)."""
         with self.lock:
             return len(self.in_flight)
+
+    def hand_back(self, conn: DictConnection, jobs: list[ClaimedJob]) -> None:
+        """Hand back claimed jobs that no handler started: back to the queue, their attempt undone (fenced by
+        their lease tokens); they are this worker's no more, even when the write fails (their leases expire, and
+        the rescue takes them back)."""
+        try:
+            if jobs:
+                conn.execute(sql.job_release_unstarted, {"ids": [j.id for j in jobs],
+                                                         "lease_tokens": [j.lease_token for j in jobs]})
+                if not conn.autocommit:
+                    conn.commit()
+        finally:
+            with self.lock:
+                for job in jobs:
+                    self.in_flight.pop(job.id, None)

@@ -387,6 +387,47 @@ def test_the_dispatchers_limited_claims_and_declared_limits_are_on_disk_when_it_
         assert conn.autocommit and conn.execute("SHOW synchronous_commit").fetchone()["synchronous_commit"] == "off"
 
 
+@pytest.mark.parametrize("change", ["lowered", "added"])
+def test_unstarted_jobs_claimed_beyond_a_limit_set_since_go_back_to_the_queue(db_url, change):
+    """A worker holds a buffer of claimed jobs that no handler started yet: of a queue whose limit could not bind
+    (or that had none), as many as an unlimited queue's. When an operator lowers the limit so that it binds (or
+    adds one), the worker's next reading of the limits hands those jobs back (queued again, their attempt
+    undone) rather than start them beyond the new limit; another queue's buffered jobs stay. A limit lowered
+    but still beyond what the worker holds leaves them."""
+    queue = f"flow_buffer_{change}"
+    consumer = Consumer(queue, lambda payload: None,
+                        **({"global_concurrency": 10_000} if change == "lowered" else {}))
+    other = Consumer("flow_buffer_other", lambda payload: None)
+    with psycopg.connect(db_url) as conn:
+        enqueue_many(conn, queue, [{} for _ in range(6)])
+        enqueue_many(conn, "flow_buffer_other", [{} for _ in range(2)])
+        conn.commit()
+    worker = Worker([consumer, other], url=db_url, run_maintenance=False, listen=False)
+    state = worker.state
+    with state.connect_for_claims() as claims:
+        worker.dispatcher.read_limits(claims)
+        if change == "lowered":
+            held = worker.dispatcher.claim_limited(claims, consumer, state.limits[queue], 6)
+            with psycopg.connect(db_url) as conn:
+                limits.set_limits(conn, queue, global_concurrency=5_000, set_concurrency=True)
+                conn.commit()
+        else:
+            held = worker.dispatcher.claim(claims, consumer, 6)
+        held += worker.dispatcher.claim(claims, other, 2)
+        for job in held:
+            state.work.put(job)
+        worker.dispatcher.read_limits(claims)
+        assert state.work.qsize() == 8 and state.buffered == 8  # 5,000 cannot bind what the worker holds
+        with psycopg.connect(db_url) as conn:
+            limits.set_limits(conn, queue, global_concurrency=2, set_concurrency=True)
+            conn.commit()
+        worker.dispatcher.read_limits(claims)
+    assert state.buffered == 2 and [job.queue for job in _handed_out(worker)] == ["flow_buffer_other"] * 2
+    assert set(state.in_flight) == {j.id for j in held if j.queue == "flow_buffer_other"}
+    assert _count(db_url, "SELECT count(*) FROM outboxq_jobs WHERE queue = %s AND status = 'queued' "
+                          "AND attempts = 0 AND lease_token IS NULL", queue) == 6
+
+
 def _stored_limits(db_url, queue):
     with psycopg.connect(db_url) as conn:
         return limits.load(conn).get(queue)

@@ -72,6 +72,11 @@ def test_a_child_that_dies_is_restarted(db_url, tmp_path):
         os.kill(victim, signal.SIGKILL)
         now = wait_for(lambda: (pids := {k.pid for k in psutil.Process(sup.pid).children()})
                        and len(pids) == 2 and victim not in pids and pids, timeout=30)
+        # (Filled once the new child's worker runs: on a loaded machine a child's start took 4-7 s, and the
+        # surviving child had drained the 8 jobs by then.)
+        [new_pid] = now - first
+        wait_for(lambda: any(f":{new_pid}:" in line and "started: queues" in line
+                             for line in (tmp_path / "w.log").read_text().splitlines()), timeout=60)
         _fill(db_url, 8)
         wait_for(lambda: _run_pids(db_url) & (now - first), timeout=60)  # the new child runs jobs
     finally:
