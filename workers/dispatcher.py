@@ -34,10 +34,13 @@ log = logging.getLogger("outboxq.worker")
 LIMITED_RECHECK_S = 0.05
 
 # Keyless jobs of a per-key queue (limits_sql.job_keyless_window): how many of its front jobs a look reads, and
-# how soon after a look that found less than that the next one may run (it follows the claims that come back
-# short, and every reading of the limits).
+# how soon the next look may run (it follows the claims that come back short, and every reading of the limits):
+# at once after a full window, soon after one that found some, later after one that found none (where a limit
+# binds, claims come back short every LIMITED_RECHECK_S: a look each time would read the window 20 times a
+# second).
 ADOPT_WINDOW = 1_000
 ADOPT_INTERVAL_S = 0.2
+ADOPT_IDLE_INTERVAL_S = 1.0
 
 
 def claim_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -123,10 +126,12 @@ class Dispatcher:
                         if wanted <= 0:
                             continue  # every handler is busy: a completion wakes the dispatcher
                         jobs = self.claim_limited(conn, consumer, limits, wanted)
-                        if limits.per_key and len(jobs) < wanted and self.adopt_keyless(conn, consumer):
-                            self._claim_again.add(queue_name)  # (the jobs just given a key can be claimed)
                     for job in jobs:
                         s.work.put(job)
+                    # (After the jobs went to the handlers: a failure of the look must not strand them.)
+                    if limits is not None and limits.per_key and len(jobs) < wanted and self.adopt_keyless(
+                            conn, consumer):
+                        self._claim_again.add(queue_name)  # (the jobs just given a key can be claimed)
                     claim_again = queue_name in self._claim_again
                     self._claim_again.discard(queue_name)
                     if len(jobs) < wanted and not (limits is not None and s.slots_freed != slots_freed) and (
@@ -187,16 +192,16 @@ class Dispatcher:
         s = self.state
         with durable_transaction(conn):
             stored = flow_limits.load(conn)
-            # (At start every declaration that differs; later only what went missing: flow_limits.declaration_changes.)
+            # (At start every declaration that differs; later only a row gone: flow_limits.declaration_changes.)
             changes = [c.limits for c in s.consumers.values() if flow_limits.declaration_changes(
                 c.limits, stored.get(c.queue), starting=self._limits_read_at is None)]
             for declared in changes:
                 flow_limits.declare(conn, declared)
             if changes:
                 stored = flow_limits.load(conn)
-            before = s.limits
-            s.limits = {q: lim for q, lim in stored.items() if q in s.consumers and lim.limited}
             conn.commit()
+        # (Replaced once committed: a reading that fails leaves the limits the hand-back compares with.)
+        before, s.limits = s.limits, {q: lim for q, lim in stored.items() if q in s.consumers and lim.limited}
         self._limits_read_at = time.monotonic()
         self._hand_back_over_new_limits(conn, before)
 
@@ -208,7 +213,7 @@ class Dispatcher:
         s = self.state
         queues = {q for q, lim in s.limits.items()
                   if not self._buffer_cannot_bind(lim) and (q not in before or self._buffer_cannot_bind(before[q]))}
-        if not queues:
+        if not queues or s.stopping.is_set():  # (stopping: the shutdown hands back every unstarted job)
             return
         taken: list[ClaimedJob] = []
         kept: list[ClaimedJob | None] = []
@@ -248,7 +253,8 @@ class Dispatcher:
         if now < self._adopt_due.get(queue, 0.0):
             return 0
         rows = conn.execute(limits_sql.job_keyless_window, {"queue": queue, "window": ADOPT_WINDOW}).fetchall()
-        self._adopt_due[queue] = now if len(rows) >= ADOPT_WINDOW else now + ADOPT_INTERVAL_S
+        self._adopt_due[queue] = now + (0.0 if len(rows) >= ADOPT_WINDOW else ADOPT_INTERVAL_S if rows
+                                        else ADOPT_IDLE_INTERVAL_S)
         if rows:
             conn.execute(limits_sql.job_set_limit_keys, {
                 "ids": [r["id"] for r in rows], "limit_keys": [self._limit_key_for(consumer, r) for r in rows]})

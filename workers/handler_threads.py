@@ -86,4 +86,5 @@ class HandlerThreads:
         except psycopg.Error as exc:
             log.warning("could not hand back %d unstarted jobs (%s): they will be rescued when their "
                         "leases expire", len(self._unstarted), exc)
+            s.forget(self._unstarted)
         self._unstarted.clear()

@@ -129,6 +129,10 @@ class WorkerState:
                 if not conn.autocommit:
                     conn.commit()
         finally:
-            with self.lock:
-                for job in jobs:
-                    self.in_flight.pop(job.id, None)
+            self.forget(jobs)
+
+    def forget(self, jobs: list[ClaimedJob]) -> None:
+        """These jobs are this worker's no more (handed back, or left to the rescue)."""
+        with self.lock:
+            for job in jobs:
+                self.in_flight.pop(job.id, None)

@@ -115,7 +115,7 @@ class JobCreate(TypedDict, total=False):
         "run it")]
     limit_key: Annotated[str | None, _documented(
         "limit_key", "The job's key for its queue's per-key limits (a consumer's limit_by); without it the "
-        "worker computes the key from the payload", max_length=MAX_LIMIT_KEY_LENGTH)]
+        "worker computes the key from the payload", max_length=MAX_LIMIT_KEY_LENGTH, pattern=KEY_PATTERN)]
 
 
 def _fields_agree(job: JobCreate) -> JobCreate:

@@ -278,14 +278,16 @@ def declaration_changes(declared: QueueLimits, stored: QueueLimits | None, *, st
     """Whether declare() would change what PostgreSQL holds for the queue (`stored`: its row, if any). A worker
     that starts with its consumers' limits already stored writes nothing: no row lock that the workers starting
     beside it wait for, no commit to flush. Once started (`starting` false, the workers' periodic re-reads) it
-    declares only what is missing: the row, gone since (an operator's reset: back to what the consumers
-    declare), or per_key set otherwise than its limit_by (an operator's limits written before any worker
-    declared); it leaves the other limits to the operator and to the next start."""
+    declares only a row gone since (an operator's reset: back to what the consumers declare): workers of two
+    versions of a consumer, side by side during a deployment, would otherwise take turns rewriting the row. At
+    start, per_key follows limit_by even in an operator's row (limits set before any worker declared)."""
     if stored is None:
         return declared.limited or declared.per_key
+    if not starting:
+        return False
     if declared.per_key != stored.per_key:
         return True
-    if stored.source != "consumer" or not starting:
+    if stored.source != "consumer":
         return False  # an operator's limits stay until reset (declare leaves them)
     if not (declared.limited or declared.per_key):
         return True  # what a consumer declared goes when the consumer declares nothing

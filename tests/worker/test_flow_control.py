@@ -290,6 +290,33 @@ def test_jobs_of_a_per_key_queue_enqueued_without_its_consumer_get_a_key_and_run
                           "AND limit_key IS NOT NULL") == 3
 
 
+def test_a_failed_look_for_keyless_jobs_strands_none_of_the_jobs_just_claimed(db_url, monkeypatch):
+    """The look follows a short per-key claim: when it fails (the connection lost, say), the jobs that claim took
+    have gone to the handlers already and run; the dispatcher reconnects and goes on."""
+    from outboxq.workers.dispatcher import Dispatcher
+
+    real_look, failed = Dispatcher.adopt_keyless, []
+
+    def look_failing_once_jobs_are_held(self, conn, consumer):
+        if self.state.held() and not failed:
+            failed.append(True)
+            raise psycopg.OperationalError("the look failed")
+        return real_look(self, conn, consumer)
+
+    monkeypatch.setattr(Dispatcher, "adopt_keyless", look_failing_once_jobs_are_held)
+    with psycopg.connect(db_url) as conn:
+        enqueue_many(conn, "flow_adopt_fail", [{"t": "x"}, {"t": "y"}, {"t": "z"}], limit_keys=["x", "y", "z"])
+        conn.commit()
+    handled = []
+    consumer = Consumer("flow_adopt_fail", handled.append, global_concurrency=100, limit_by="t")
+    worker = Worker([consumer], url=db_url, run_maintenance=False, poll_interval=0.1).start()
+    try:
+        wait_for(lambda: len(handled) == 3, timeout=20)
+    finally:
+        worker.stop(timeout=5)
+    assert failed
+
+
 def test_the_look_for_keyless_jobs_reads_only_the_front_of_the_queue_through_its_indexes(db_url):
     """The look runs after every short per-key claim and every reading of the limits: planned once on the
     dispatcher's connection (while the queue was empty), it still reads the claim and retry indexes, a bounded
@@ -454,28 +481,24 @@ def test_a_reset_while_workers_run_brings_back_what_their_consumers_declare(db_u
 
 
 def test_per_key_follows_limit_by_even_in_limits_an_operator_set(db_url):
-    """per_key comes from the consumer's limit_by (code): limits an operator sets before any worker declared (or
-    right after a reset) are stored per queue, and the workers turn them per key, at start and while running,
-    keeping the operator's values; a consumer that drops limit_by turns per_key off, the operator's limits stay."""
+    """per_key comes from the consumer's limit_by (code): limits an operator set before any worker declared are
+    stored per queue, and a starting worker turns them per key, keeping the operator's values; a consumer that
+    drops limit_by turns per_key off, the operator's limits stay. A running worker leaves a row that exists as it
+    is (two versions of a consumer side by side during a deployment would take turns rewriting it)."""
     with psycopg.connect(db_url) as conn:
         limits.set_limits(conn, "flow_op_first", global_concurrency=3, set_concurrency=True)
         conn.commit()
     keyed = Consumer("flow_op_first", lambda payload: None, global_concurrency=9, limit_by="tenant")
     worker = Worker([keyed], url=db_url, run_maintenance=False, listen=False)
+    operator_per_key = limits.QueueLimits("flow_op_first", global_concurrency=3, per_key=True, source="operator")
     with worker.state.connect_for_claims() as claims:
         worker.dispatcher.read_limits(claims)
-        operator_per_key = limits.QueueLimits("flow_op_first", global_concurrency=3, per_key=True, source="operator")
         assert worker.state.limits["flow_op_first"] == operator_per_key
-        with psycopg.connect(db_url) as conn:  # a reset, then limits set again before the workers declared
-            limits.reset_limits(conn, "flow_op_first")
-            limits.set_limits(conn, "flow_op_first", global_concurrency=3, set_concurrency=True)
-            conn.commit()
-        worker.dispatcher.read_limits(claims)
-        assert worker.state.limits["flow_op_first"] == operator_per_key
-    plain = Consumer("flow_op_first", lambda payload: None)
-    restarted = Worker([plain], url=db_url, run_maintenance=False, listen=False)
-    with restarted.state.connect_for_claims() as claims:
-        restarted.dispatcher.read_limits(claims)
+        plain = Consumer("flow_op_first", lambda payload: None)
+        restarted = Worker([plain], url=db_url, run_maintenance=False, listen=False)
+        with restarted.state.connect_for_claims() as other_claims:
+            restarted.dispatcher.read_limits(other_claims)
+        worker.dispatcher.read_limits(claims)  # (running: the row is there, it writes nothing)
     assert _stored_limits(db_url, "flow_op_first") == limits.QueueLimits(
         "flow_op_first", global_concurrency=3, per_key=False, source="operator")
 
