@@ -265,16 +265,17 @@ class Dispatcher:
     @staticmethod
     def _limit_key_for(consumer: Consumer, row: dict[str, Any]) -> str:
         """A stored job's limit key, as enqueue would have computed it from its payload."""
+        if consumer.limit_by is None:
+            return flow_limits.NO_LIMIT_KEY
         try:
             payload = row["payload"]
             if row["payload_bytes"] is not None and consumer.decode is not None:
                 payload = consumer.decode(bytes(row["payload_bytes"]))
-            key = flow_limits.limit_key_of(consumer.limit_by, payload) if consumer.limit_by is not None else None
+            return flow_limits.job_limit_key(consumer.limit_by, payload)
         except Exception as exc:  # (the consumer's own decode or limit_by: the job still runs, under no key)
             log.warning("dispatcher: no limit key for job %s of %s (%s): it runs under the shared empty key",
                         row["id"], consumer.queue, exc)
-            key = None
-        return flow_limits.NO_LIMIT_KEY if key is None else key
+            return flow_limits.NO_LIMIT_KEY
 
     @staticmethod
     def _cannot_bind_holding(limits: flow_limits.QueueLimits, held: int) -> bool:

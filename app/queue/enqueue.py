@@ -22,7 +22,7 @@ from outboxq.errors import DuplicateJob, InvalidInput, InvalidPayload, UnknownDe
 from outboxq.queue import context as job_context
 from outboxq.queue import sql
 from outboxq.queue.jobs import Job, JobStatus, QueuedBatch
-from outboxq.queue.limits import NO_LIMIT_KEY, limit_key_of, validate_limit_key
+from outboxq.queue.limits import job_limit_key, validate_limit_key
 from outboxq.registry import PayloadHooks, Registry, default_registry
 from outboxq.settings import get_settings
 
@@ -155,10 +155,7 @@ def _limit_key_of(payload: Any, given: str | None, hooks: PayloadHooks | None) -
     shared NO_LIMIT_KEY where it gives none); None for a queue without limit_by."""
     if given is not None:
         return validate_limit_key(given)
-    if hooks is None or hooks.limit_by is None:
-        return None
-    key = limit_key_of(hooks.limit_by, payload)
-    return NO_LIMIT_KEY if key is None else key
+    return None if hooks is None or hooks.limit_by is None else job_limit_key(hooks.limit_by, payload)
 
 
 def psycopg_connection(conn: Any) -> psycopg.Connection:

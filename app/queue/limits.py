@@ -248,6 +248,13 @@ def limit_key_of(limit_by: LimitBy, payload: Any) -> str | None:
     return key
 
 
+def job_limit_key(limit_by: LimitBy, payload: Any) -> str:
+    """The limit key a per-key queue's job gets from its payload: limit_key_of, or the shared NO_LIMIT_KEY where
+    that gives none (enqueue, and the worker keying jobs enqueued without the consumer)."""
+    key = limit_key_of(limit_by, payload)
+    return NO_LIMIT_KEY if key is None else key
+
+
 def validate_limit_key(limit_key: Any) -> str | None:
     """A limit key given to enqueue (or None), or InvalidInput."""
     if limit_key is None:
