@@ -44,6 +44,8 @@ from typing import Any
 import psycopg
 
 from outboxq.progress import Progress
+from outboxq.queue.enqueue import enqueue_many
+from outboxq.tools.bench_drivers import QUEUE
 from outboxq.workers.processes import default_count
 
 DRIVERS = Path(__file__).with_name("bench_drivers.py")
@@ -66,6 +68,9 @@ def flow_drains(jobs: int) -> list[tuple[str, str, int, dict[str, Any]]]:
          "(not binding)", jobs, {"consumer": {"global_concurrency": 10_000, "limit_by": "k"}, "keys": 100}),
         ("outboxq_gc4_50ms", "drain outboxq global_concurrency=4, 100 jobs of 50 ms (allows 80 jobs/s)", 100,
          {"consumer": {"global_concurrency": 4}, "sleep": 0.05}),
+        ("outboxq_gc4_50ms_running", "drain outboxq global_concurrency=4, 100 jobs of 50 ms enqueued at go to "
+         "running workers (allows 80 jobs/s)", 100,
+         {"consumer": {"global_concurrency": 4}, "sleep": 0.05, "running_at_go": True}),
         ("outboxq_rate200", "drain outboxq rate_limit=200/s, 5,000 no-op jobs", 5_000,
          {"consumer": {"rate_limit": "200/s"}}),
     ]
@@ -496,14 +501,16 @@ class Bench:
         `profile`: "sample" samples the server side and the CPU split while draining (DrainProfiler);
         "cprofile" also runs the worker's threads under cProfile (outboxq only; slower).
         `flow` (outboxq only, issue 14): {"consumer": flow-control options of the consumer, "keys": limit keys
-        the jobs cycle through, "sleep": seconds each handler sleeps}.
+        the jobs cycle through, "sleep": seconds each handler sleeps, "running_at_go": the workers start before
+        "go", idle, and the clock includes enqueueing the jobs (one transaction) at "go"}.
         `queues` (outboxq only): the jobs spread over that many queues, a consumer each. `hold_snapshot`: another
         session holds a REPEATABLE READ transaction open from before "go" to the end of the drain.
         """
         flow = flow or {}
+        running_at_go = bool(flow.get("running_at_go"))
         url = db_url or self.fresh_db(system)
         fill_result = None
-        if fill:
+        if fill and not running_at_go:
             self.progress.update(f"{label}: enqueueing {n:,} jobs", force=True)
             fill_result = self.driver(system, "fill", url, n=n, keys=flow.get("keys", 0),
                                       queues=queues).wait_result(1800)
@@ -515,7 +522,8 @@ class Bench:
                     else self.log_dir / "drain.pstats")
             extra = {"profile": "cprofile", "profile_path": str(path.resolve())}
         drivers = [self.driver(system, "drain", url, worker=worker or {}, consumer=flow.get("consumer", {}),
-                               sleep=flow.get("sleep", 0.0), queues=queues, **extra) for _ in range(processes)]
+                               sleep=flow.get("sleep", 0.0), queues=queues, running_at_go=running_at_go, **extra)
+                   for _ in range(processes)]
         profiler: DrainProfiler | None = None
         holder: psycopg.Connection | None = None
         try:
@@ -526,7 +534,7 @@ class Bench:
             for d in drivers:
                 d.wait_ready()
             rss_start = sum(int(d.ready["rss_kb"]) for d in drivers if d.ready)
-            with psycopg.connect(url, autocommit=True) as watch:
+            with psycopg.connect(url, autocommit=True) as watch, psycopg.connect(url) as producer:
                 # The check for unfinished jobs (UNFINISHED_SQL) must read the partial indexes: planned with the
                 # statistics of the full backlog (ANALYZE above), `status = 'queued'` was a sequential scan of
                 # the whole table, 10 ms of a core at every poll of a drain's last tenth (50,000 jobs), taken
@@ -538,6 +546,9 @@ class Bench:
                 started = time.perf_counter()
                 for d in drivers:
                     d.send("go")
+                if running_at_go:  # the jobs arrive at running, idle workers (woken by the commit's notification)
+                    enqueue_many(producer, QUEUE, [None] * n)
+                    producer.commit()
                 timed_out = False
                 while True:
                     for d in drivers:
@@ -611,7 +622,7 @@ class Bench:
 
     def enqueue_outboxq(self) -> dict[str, Any]:
         """enqueue + commit vs a bare INSERT + commit (alternating blocks), and enqueue_many batches."""
-        from outboxq.queue.enqueue import enqueue, enqueue_many
+        from outboxq.queue.enqueue import enqueue
 
         args = self.args
         url = self.fresh_db("outboxq", "enqueue")
@@ -752,8 +763,6 @@ class Bench:
                 # The same 1,000 jobs through enqueue_many, alternating with the requests (with the jobs in the
                 # answer, and with their ids only: Prefer: return=minimal): all figures from the same moments, so
                 # the load of the machine weighs on them alike.
-                from outboxq.queue.enqueue import enqueue_many
-
                 rates, minimal_rates, python_rates = [], [], []
                 with psycopg.connect(url) as conn:
                     for _ in range(10):
@@ -934,8 +943,6 @@ class Bench:
 
     def _enqueue_beside_history(self, url: str, n: int, *, checkpoint: bool) -> None:
         """`n` no-op jobs into the database that keeps the finished jobs, then ANALYZE (and a CHECKPOINT)."""
-        from outboxq.queue.enqueue import enqueue_many
-
         with psycopg.connect(url) as conn:
             for offset in range(0, n, 10_000):
                 enqueue_many(conn, "bench", [None] * min(10_000, n - offset))

@@ -262,7 +262,8 @@ class ThreadProfiles:
 
 
 def outboxq_drain(spec: dict[str, Any]) -> dict[str, Any]:
-    """Run a default worker from "go" until "stop"; count handler calls.
+    """Run a default worker from "go" until "stop" (with spec["running_at_go"], from before "ready": the
+    parent enqueues the jobs at "go"); count handler calls.
 
     With spec["profile"] == "cprofile", every worker thread runs under cProfile, timed in thread CPU
     seconds (slower: for the shape of the time, not for the rate); the per-thread CPU seconds are
@@ -282,11 +283,17 @@ def outboxq_drain(spec: dict[str, Any]) -> dict[str, Any]:
         profiles = ThreadProfiles()
         profiles.install()
     worker = outboxq_worker(spec, noop)
+    if spec.get("running_at_go"):  # a worker already running, idle, when its jobs are enqueued at "go"
+        worker.start()
+        if worker.listener is not None:
+            worker.listener.ready.wait(10)
+        time.sleep(0.5)  # its start-up claims found nothing: the dispatcher waits for a notification
     emit("ready", rss_kb=rss_kb())
     control().wait("go")
     cpu_before = thread_cpu_s()
     progress = start_progress(counter)
-    worker.start()
+    if not spec.get("running_at_go"):
+        worker.start()
     control().wait("stop")
     progress.set()
     cpu_after = thread_cpu_s()  # before stop(): the worker's threads are still alive

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from outboxq.cli import build_parser, main
 from outboxq.tools import spark_bench
-from outboxq.tools.bench import claim_plan, render, summarize
+from outboxq.tools.bench import Bench, claim_plan, render, summarize
 
 TINY = [
     "--jobs", "300", "--enqueue-calls", "40", "--enqueue-many-batches", "1", "--latency-samples", "10",
@@ -78,6 +78,26 @@ def test_bench_many_queues_and_dead_rows_drain_every_job_and_give_their_ratios(d
     assert "many queues" in printed and "dead rows" in printed
 
 
+def test_a_drain_can_enqueue_its_jobs_at_go_to_running_workers(db_url):
+    # `--limits`' outboxq_gc4_50ms_running: the workers start before "go"; the jobs are enqueued at "go".
+    import psycopg
+
+    bench = Bench(build_parser().parse_args(["bench", "drain", *TINY, "--url", db_url]))
+    try:
+        url = bench.fresh_db("outboxq")
+        run = bench.drain("outboxq", 40, "running at go", db_url=url, processes=2, flow={
+            "consumer": {"global_concurrency": 4}, "sleep": 0.01, "running_at_go": True})
+        with psycopg.connect(url) as conn:
+            # (a starting worker declares its consumer's limit: the row was written before any job existed)
+            done, declared_before_jobs = conn.execute(
+                "SELECT count(*) FILTER (WHERE status = 'done'), "
+                "(SELECT updated_at FROM outboxq_queue_limits) < min(created_at) FROM outboxq_jobs").fetchone()
+    finally:
+        bench.cleanup()
+    assert run["finished"] == run["n"] == 40 and not run["timed_out"]
+    assert done == 40 and declared_before_jobs
+
+
 def test_claim_plan_uses_the_claim_index_beside_finished_jobs(db_url):
     import psycopg
 
@@ -133,7 +153,7 @@ def test_summary_gives_the_flow_control_figures_as_the_issue_states_them():
     summary = summarize({"drain": {
         "outboxq": [run(1000), run(1200)], "outboxq_gc10000": [run(950), run(1050)],
         "outboxq_per_key_gc10000": [run(880)], "outboxq_gc4_50ms": [run(72.04), run(71.8)],
-        "outboxq_rate200": [run(193.4)],
+        "outboxq_gc4_50ms_running": [run(76.0)], "outboxq_rate200": [run(193.4)],
     }})
     ratios = summary["ratios"]
     assert ratios["outboxq_gc10000_vs_defaults"] == 1000 / 1100
@@ -142,6 +162,7 @@ def test_summary_gives_the_flow_control_figures_as_the_issue_states_them():
     assert ratios["outboxq_gc10000_vs_defaults_per_round"] == (0.95 + 0.875) / 2
     assert ratios["outboxq_per_key_gc10000_vs_defaults_per_round"] == 880 / 1000
     assert ratios["outboxq_gc4_50ms_of_the_80_allowed"] == 71.92 / 80
+    assert ratios["outboxq_gc4_50ms_running_of_the_80_allowed"] == 76.0 / 80
     assert not any(name.startswith("outboxq_rate200") for name in ratios)  # its goal is a range of jobs/s
     assert summary["drain_jobs_per_s"]["outboxq_gc4_50ms"]["runs"] == [72.0, 71.8]
     results = {"machine": {"cpus": 2, "cpu_model": "x", "memory_gb": 1, "load_1m": 0, "python": "3"},
