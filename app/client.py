@@ -108,9 +108,15 @@ def _transient(exc: BaseException) -> bool:
     )
 
 
+# The job fields of the HTTP API (outboxq.api.schemas.JobCreate) that the client sends as given; run_at and
+# depends_on are converted (_job_body). Not imported from there: the client needs no server code.
+JOB_OPTIONS = ("key", "priority", "max_attempts", "delay_seconds", "unique", "on_conflict",
+               "on_dependency_failure", "limit_key")
+
+
 def _job_body(payload: Any, options: dict[str, Any]) -> dict[str, Any]:
     body: dict[str, Any] = {"payload": payload}
-    for name in ("key", "priority", "max_attempts", "delay_seconds"):
+    for name in JOB_OPTIONS:
         if options.get(name) is not None:
             body[name] = options[name]
     if options.get("run_at") is not None:
@@ -120,7 +126,7 @@ def _job_body(payload: Any, options: dict[str, Any]) -> dict[str, Any]:
         body["depends_on"] = [
             d if isinstance(d, dict) else {"queue": d[0], "key": d[1]} for d in options["depends_on"]
         ]
-    unknown = set(options) - {"key", "priority", "max_attempts", "delay_seconds", "run_at", "depends_on"}
+    unknown = set(options) - {*JOB_OPTIONS, "run_at", "depends_on"}
     if unknown:
         raise TypeError(f"unknown enqueue options: {', '.join(sorted(unknown))}")
     return body
@@ -174,7 +180,8 @@ class Client(_Base):
         return response.json() if response.content else None
 
     def enqueue(self, queue: str, payload: Any, **options: Any) -> JobInfo:
-        """Enqueue one job (options: key, depends_on, run_at, delay_seconds, priority, max_attempts)."""
+        """Enqueue one job (options: key, depends_on, run_at, delay_seconds, priority, max_attempts, unique,
+        on_conflict, on_dependency_failure, limit_key; as in the HTTP API)."""
         return JobInfo.from_json(self.request("POST", f"/v1/queues/{queue}/jobs", json=_job_body(payload, options)))
 
     def enqueue_many(self, queue: str, payloads: list[Any], **options: Any) -> list[JobInfo]:

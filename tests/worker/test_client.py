@@ -104,3 +104,22 @@ def test_async_client_enqueues_and_reads(db_url):
 
         job, jobs = asyncio.run(scenario())
     assert job.payload == {"async": True} and job.priority == 3 and len(jobs) == 1
+
+
+def test_the_client_sends_every_job_option_of_the_http_api(db_url):
+    from outboxq.api.schemas import JOB_DEFAULTS
+    from outboxq.client import JOB_OPTIONS
+
+    assert {*JOB_OPTIONS, "run_at", "depends_on"} == set(JOB_DEFAULTS)
+    with api_client(db_url, scope=None) as app_client:
+        with Client("http://testserver", token=TOKENS["admin"], transport=app_client._transport) as client:
+            first = client.enqueue("emails", {"n": 1}, key="k", unique="active", limit_key="tenant-7")
+            again = client.enqueue("emails", {"n": 2}, key="k", unique="active", on_conflict="ignore")
+            waits = client.enqueue_many("emails", [{"n": 3}], depends_on=[("emails", "k")],
+                                        on_dependency_failure="cancel", limit_key="tenant-8")
+            with pytest.raises(TypeError, match="unknown enqueue options: colour"):
+                client.enqueue("emails", {}, colour="red")
+    assert again.id == first.id
+    with psycopg.connect(db_url) as conn:
+        rows = conn.execute("SELECT id, limit_key FROM outboxq_jobs ORDER BY id").fetchall()
+    assert rows == [(first.id, "tenant-7"), (waits[0].id, "tenant-8")]
