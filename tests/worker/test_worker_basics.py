@@ -165,15 +165,19 @@ def test_sigterm_lets_the_running_job_finish_and_hands_back_the_rest(db_url):
         conn.commit()
     worker = _start_worker(db_url, "--queues", "slow", "--concurrency", "1")
     with psycopg.connect(db_url, autocommit=True) as c:
+        enqueued_run_at = dict(c.execute("SELECT id, run_at FROM outboxq_jobs").fetchall())
         wait_for(lambda: c.execute("SELECT count(*) FROM test_runs WHERE note = 'started'").fetchone()[0] == 1)
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(timeout=20) == 0
         statuses = dict(c.execute("SELECT id, status FROM outboxq_jobs").fetchall())
         attempts = dict(c.execute("SELECT id, attempts FROM outboxq_jobs").fetchall())
+        run_at = dict(c.execute("SELECT id, run_at FROM outboxq_jobs").fetchall())
         finished = c.execute("SELECT count(*) FROM test_runs WHERE note = 'finished'").fetchone()[0]
     assert finished == 1
     assert sorted(statuses.values()) == ["done", "queued", "queued", "queued"]
     assert all(attempts[j.id] == 0 for j in jobs if statuses[j.id] == "queued")
+    # handed back in their place: ahead of any job enqueued since, as before they were claimed
+    assert all(run_at[j.id] == enqueued_run_at[j.id] for j in jobs if statuses[j.id] == "queued")
 
 
 def test_worker_refuses_an_unmigrated_database(pg_server_url, tmp_path):

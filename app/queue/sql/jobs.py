@@ -141,9 +141,10 @@ CLAIM_SET = """SET status = 'running',
     attempt_started_at = now()"""
 
 # What a release sets: a claimed job that was never worked on goes back to the queue, its attempt undone
-# (a stopping worker's unstarted jobs, a Spark snapshot that cannot be delivered any more).
+# (a stopping worker's unstarted jobs, a Spark snapshot that cannot be delivered any more). Its run_at stays:
+# it keeps its place ahead of the jobs enqueued since (a claim from the front finds it: claim_cursor).
 RELEASE_SET = """SET status = CASE WHEN j.attempts > 1 THEN 'retrying' ELSE 'queued' END,
-    attempts = j.attempts - 1, lease_token = NULL, lease_expires_at = NULL, run_at = now()"""
+    attempts = j.attempts - 1, lease_token = NULL, lease_expires_at = NULL"""
 
 # What an operator's retry sets: the job runs again now; a job out of attempts gets exactly one more, so
 # attempts never exceed max_attempts (one job's retry, or every failed job of a queue).
