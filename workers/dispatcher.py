@@ -41,6 +41,8 @@ LIMITED_RECHECK_S = 0.05
 ADOPT_WINDOW = 1_000
 ADOPT_INTERVAL_S = 0.2
 ADOPT_IDLE_INTERVAL_S = 1.0
+# The look at the newest jobs (limits_sql.job_keyless_newest) reads at most this many ids past the last look's.
+ADOPT_NEWEST_IDS = 5_000
 
 
 def claim_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -91,6 +93,8 @@ class Dispatcher:
         self._key_depth: dict[str, float] = {}  # per-key queues: the jobs per key the last full claim showed
         self._claim_again: set[str] = set()  # per-key queues whose claim scanned too few keys (see below)
         self._adopt_due: dict[str, float] = {}  # per-key queues: when the next look for keyless jobs may run
+        self._newest_after: int | None = None  # the last job id the look at the newest jobs covered
+        self._newest_due = 0.0  # when that look may run again
         self.cursors = ClaimCursors()  # other queues: where the next claim reads the claim index from
 
     def loop(self) -> None:
@@ -250,17 +254,48 @@ class Dispatcher:
         crash is given again)."""
         queue = consumer.queue
         now = time.monotonic()
+        adopted = self._adopt_newest_keyless(conn, now).get(queue, 0)
         if now < self._adopt_due.get(queue, 0.0):
-            return 0
+            return adopted
         rows = conn.execute(limits_sql.job_keyless_window, {"queue": queue, "window": ADOPT_WINDOW}).fetchall()
         self._adopt_due[queue] = now + (0.0 if len(rows) >= ADOPT_WINDOW else ADOPT_INTERVAL_S if rows
                                         else ADOPT_IDLE_INTERVAL_S)
-        if rows:
-            conn.execute(limits_sql.job_set_limit_keys, {
-                "ids": [r["id"] for r in rows], "limit_keys": [self._limit_key_for(consumer, r) for r in rows]})
-            if not conn.autocommit:
-                conn.commit()
-        return len(rows)
+        self._set_limit_keys(conn, rows)
+        return adopted + len(rows)
+
+    def _adopt_newest_keyless(self, conn: DictConnection, now: float) -> dict[str, int]:
+        """The keyless jobs among the newest of this worker's per-key queues given their key (whatever the
+        backlog ahead of them: limits_sql.job_keyless_newest); how many per queue. At most every
+        ADOPT_INTERVAL_S (ADOPT_IDLE_INTERVAL_S after a look that found none), at once again while behind."""
+        queues = [q for q, limits in self.state.limits.items() if limits.per_key and q in self.state.consumers]
+        if not queues or now < self._newest_due:
+            return {}
+        after = self._newest_after
+        rows = conn.execute(limits_sql.job_keyless_newest, {
+            "after_id": after, "window": ADOPT_NEWEST_IDS, "queues": queues}).fetchall()
+        last_id = rows[0]["last_id"] or 0
+        # (Below the last look's: the table was emptied and its ids restarted.)
+        self._newest_after = last_id if after is None or last_id < after else min(last_id, after + ADOPT_NEWEST_IDS)
+        keyless = [r for r in rows if r["id"] is not None]
+        behind = self._newest_after < last_id
+        self._newest_due = now + (0.0 if behind else ADOPT_INTERVAL_S if keyless else ADOPT_IDLE_INTERVAL_S)
+        self._set_limit_keys(conn, keyless)
+        adopted: dict[str, int] = {}
+        for r in keyless:
+            adopted[r["queue"]] = adopted.get(r["queue"], 0) + 1
+        return adopted
+
+    def _set_limit_keys(self, conn: DictConnection, rows: list[dict[str, Any]]) -> None:
+        """Store the limit key of each of these keyless jobs (rows with id, queue, payload, payload_bytes),
+        computed by its queue's consumer (_limit_key_for); committed."""
+        if not rows:
+            return
+        consumers = self.state.consumers
+        conn.execute(limits_sql.job_set_limit_keys, {
+            "ids": [r["id"] for r in rows],
+            "limit_keys": [self._limit_key_for(consumers[r["queue"]], r) for r in rows]})
+        if not conn.autocommit:
+            conn.commit()
 
     @staticmethod
     def _limit_key_for(consumer: Consumer, row: dict[str, Any]) -> str:

@@ -338,6 +338,39 @@ def test_the_look_for_keyless_jobs_reads_only_the_front_of_the_queue_through_its
     assert all(n.get("Plan Rows", 0) <= ADOPT_WINDOW for n in plan_nodes(plan) if n["Node Type"] == "Limit")
 
 
+def test_a_keyless_job_enqueued_behind_a_long_keyed_backlog_gets_its_key_and_its_turn_at_once(db_url):
+    """A job enqueued without its consumer (no key) behind more keyed jobs than the front window reads: the look
+    at the newest jobs (the ids since the previous look's, through the primary key) gives it its key, and the
+    next per-key claim takes it in its key's turn, while the backlog ahead of it still waits."""
+    backlog = ADOPT_WINDOW + 500
+    _fill(db_url, "flow_adopt_newest", [{"tenant": "big"}] * backlog, limit_keys=["big"] * backlog)
+    consumer = Consumer("flow_adopt_newest", lambda payload: None, global_concurrency=5, limit_by="tenant")
+    worker = Worker([consumer], url=db_url, run_maintenance=False, listen=False)
+    dispatcher = worker.dispatcher
+    with worker.state.connect_for_claims() as claims:
+        dispatcher.read_limits(claims)
+        assert dispatcher.adopt_keyless(claims, consumer) == 0  # (the first look finds where the newest start)
+        with psycopg.connect(db_url) as conn:
+            newcomer = enqueue(conn, "flow_adopt_newest", {"tenant": "small"})
+            conn.commit()
+        dispatcher._adopt_due.clear()
+        dispatcher._newest_due = 0.0
+        assert dispatcher.adopt_keyless(claims, consumer) == 1
+        jobs = dispatcher.claim_limited(claims, consumer, worker.state.limits["flow_adopt_newest"], 5)
+        conn = claims
+        conn.autocommit = False
+        plans = explain_prepared(conn, limits_sql.job_keyless_newest, {
+            "after_id": newcomer.id - 10, "window": 5_000, "queues": ["flow_adopt_newest"]})
+        conn.rollback()
+    assert newcomer.id in {j.id for j in jobs}
+    assert _count(db_url, "SELECT count(*) FROM outboxq_jobs WHERE id = %s AND limit_key = 'small'", newcomer.id) == 1
+    assert _count(db_url, "SELECT count(*) FROM outboxq_jobs WHERE queue = 'flow_adopt_newest' "
+                          "AND status = 'queued'") == backlog + 1 - len(jobs)
+    nodes = [n for plan in plans for n in plan_nodes(plan)]  # a range of new ids through the primary key only
+    assert {n["Index Name"] for n in nodes if "Index Name" in n} == {"outboxq_jobs_pkey"}, plans
+    assert not any(n["Node Type"] == "Seq Scan" for n in nodes), plans
+
+
 def test_a_running_worker_runs_keyless_jobs_of_its_per_key_queue(db_url):
     """The same through a started worker: keyless jobs enqueued while it runs are given a key and handled."""
     handled = []

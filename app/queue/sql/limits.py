@@ -154,14 +154,28 @@ ORDER BY l.queue
 # `window` queued and retrying jobs, in claim order, through the claim and retry indexes: a bounded read whatever
 # the backlog) and gives them a key (outboxq.workers.dispatcher.Dispatcher.adopt_keyless).
 job_keyless_window = """
-SELECT id, payload, payload_bytes FROM (
-    (SELECT id, payload, payload_bytes, limit_key FROM outboxq_jobs
+SELECT id, queue, payload, payload_bytes FROM (
+    (SELECT id, queue, payload, payload_bytes, limit_key FROM outboxq_jobs
      WHERE queue = %(queue)s AND status = 'queued' ORDER BY priority, run_at, id LIMIT %(window)s)
     UNION ALL
-    (SELECT id, payload, payload_bytes, limit_key FROM outboxq_jobs
+    (SELECT id, queue, payload, payload_bytes, limit_key FROM outboxq_jobs
      WHERE queue = %(queue)s AND status = 'retrying' ORDER BY run_at, id LIMIT %(window)s)
 ) front
 WHERE limit_key IS NULL
+"""
+
+# The same for the newest jobs, whatever the backlog ahead of them (a keyless job enqueued behind 100,000 keyed
+# ones would otherwise wait for them to reach the front window): the jobs of the worker's per-key `queues` among
+# the ids after `after_id` (the last id the previous look covered; NULL at a worker's first look, which only
+# finds where to start), at most `window` ids further, through the primary key: a bounded read of new rows. The
+# first column, on every row (one row with NULLs when nothing matches): the highest id now, where the next look
+# may start. (A job committed after the look passed its id is left to the front window.)
+job_keyless_newest = """
+SELECT m.last_id, j.id, j.queue, j.payload, j.payload_bytes
+FROM (SELECT max(id) AS last_id FROM outboxq_jobs) m
+LEFT JOIN outboxq_jobs j
+    ON j.id > %(after_id)s::bigint AND j.id <= %(after_id)s::bigint + %(window)s AND j.queue = ANY(%(queues)s)
+    AND j.status IN ('queued', 'retrying') AND j.limit_key IS NULL
 """
 
 # (Only where no key was given meanwhile.)
