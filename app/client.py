@@ -277,7 +277,7 @@ class AsyncClient(_Base):
         return response.json() if response.content else None
 
     async def enqueue(self, queue: str, payload: Any, **options: Any) -> JobInfo:
-        """Enqueue one job."""
+        """Enqueue one job (the options of Client.enqueue)."""
         data = await self.request("POST", f"/v1/queues/{queue}/jobs", json=_job_body(payload, options))
         return JobInfo.from_json(data)
 

@@ -508,6 +508,8 @@ class Bench:
         """
         flow = flow or {}
         running_at_go = bool(flow.get("running_at_go"))
+        if running_at_go and queues != 1:
+            raise BenchError(f"{label}: jobs enqueued at go go to one queue")
         url = db_url or self.fresh_db(system)
         fill_result = None
         if fill and not running_at_go:
@@ -547,7 +549,9 @@ class Bench:
                 for d in drivers:
                     d.send("go")
                 if running_at_go:  # the jobs arrive at running, idle workers (woken by the commit's notification)
-                    enqueue_many(producer, QUEUE, [None] * n)
+                    keys = flow.get("keys", 0)
+                    enqueue_many(producer, QUEUE, [None] * n,
+                                 limit_keys=[f"k{i % keys}" for i in range(n)] if keys else None)
                     producer.commit()
                 timed_out = False
                 while True:

@@ -41,8 +41,10 @@ LIMITED_RECHECK_S = 0.05
 ADOPT_WINDOW = 1_000
 ADOPT_INTERVAL_S = 0.2
 ADOPT_IDLE_INTERVAL_S = 1.0
-# The look at the newest jobs (limits_sql.job_keyless_newest) reads at most this many ids past the last look's.
+# The look at the newest jobs (limits_sql.job_keyless_newest) reads at most this many jobs past the last look's,
+# and again this many ids before (enqueues that committed after the last look read past their ids).
 ADOPT_NEWEST_IDS = 5_000
+ADOPT_NEWEST_OVERLAP = 1_000
 
 
 def claim_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -254,7 +256,10 @@ class Dispatcher:
         crash is given again)."""
         queue = consumer.queue
         now = time.monotonic()
-        adopted = self._adopt_newest_keyless(conn, now).get(queue, 0)
+        newest = self._adopt_newest_keyless(conn, now)
+        # (The other queues keyed by that look are claimed again at once; this one's caller does so from the count.)
+        self._claim_again.update(q for q in newest if q != queue)
+        adopted = newest.get(queue, 0)
         if now < self._adopt_due.get(queue, 0.0):
             return adopted
         rows = conn.execute(limits_sql.job_keyless_window, {"queue": queue, "window": ADOPT_WINDOW}).fetchall()
@@ -266,18 +271,21 @@ class Dispatcher:
     def _adopt_newest_keyless(self, conn: DictConnection, now: float) -> dict[str, int]:
         """The keyless jobs among the newest of this worker's per-key queues given their key (whatever the
         backlog ahead of them: limits_sql.job_keyless_newest); how many per queue. At most every
-        ADOPT_INTERVAL_S (ADOPT_IDLE_INTERVAL_S after a look that found none), at once again while behind."""
+        ADOPT_INTERVAL_S (ADOPT_IDLE_INTERVAL_S after a look that found none), at once again while behind. A
+        worker's first look only finds where the newest start."""
         queues = [q for q, limits in self.state.limits.items() if limits.per_key and q in self.state.consumers]
         if not queues or now < self._newest_due:
             return {}
-        after = self._newest_after
+        if self._newest_after is None:
+            self._newest_after = conn.execute(limits_sql.job_newest_id).fetchall()[0]["last_id"] or 0
+            return {}
         rows = conn.execute(limits_sql.job_keyless_newest, {
-            "after_id": after, "window": ADOPT_NEWEST_IDS, "queues": queues}).fetchall()
-        last_id = rows[0]["last_id"] or 0
-        # (Below the last look's: the table was emptied and its ids restarted.)
-        self._newest_after = last_id if after is None or last_id < after else min(last_id, after + ADOPT_NEWEST_IDS)
+            "after_id": self._newest_after, "window": ADOPT_NEWEST_IDS, "overlap": ADOPT_NEWEST_OVERLAP,
+            "queues": queues}).fetchall()
+        if rows[0]["last_id"] is not None:  # (None: nothing after the overlap's start, as in an emptied table)
+            self._newest_after = max(self._newest_after, rows[0]["last_id"])
         keyless = [r for r in rows if r["id"] is not None]
-        behind = self._newest_after < last_id
+        behind = rows[0]["scanned"] >= ADOPT_NEWEST_IDS + ADOPT_NEWEST_OVERLAP
         self._newest_due = now + (0.0 if behind else ADOPT_INTERVAL_S if keyless else ADOPT_IDLE_INTERVAL_S)
         self._set_limit_keys(conn, keyless)
         adopted: dict[str, int] = {}
@@ -291,6 +299,8 @@ class Dispatcher:
         if not rows:
             return
         consumers = self.state.consumers
+        # (In id order, the order every look locks them in: two workers keying the same jobs cannot deadlock.)
+        rows = sorted(rows, key=lambda r: r["id"])
         conn.execute(limits_sql.job_set_limit_keys, {
             "ids": [r["id"] for r in rows],
             "limit_keys": [self._limit_key_for(consumers[r["queue"]], r) for r in rows]})

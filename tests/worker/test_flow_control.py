@@ -357,15 +357,29 @@ def test_a_keyless_job_enqueued_behind_a_long_keyed_backlog_gets_its_key_and_its
         dispatcher._newest_due = 0.0
         assert dispatcher.adopt_keyless(claims, consumer) == 1
         jobs = dispatcher.claim_limited(claims, consumer, worker.state.limits["flow_adopt_newest"], 5)
+        # A job whose enqueue commits after a look read past its id (a later job's): the next look reads again
+        # the ids just before where the last one ended.
+        with psycopg.connect(db_url) as late, psycopg.connect(db_url) as conn:
+            late_job = enqueue(late, "flow_adopt_newest", {"tenant": "late"})
+            enqueue(conn, "flow_adopt_newest", {"tenant": "after"})
+            conn.commit()
+            dispatcher._adopt_due.clear()
+            dispatcher._newest_due = 0.0
+            assert dispatcher.adopt_keyless(claims, consumer) == 1
+            late.commit()
+        dispatcher._adopt_due.clear()
+        dispatcher._newest_due = 0.0
+        assert dispatcher.adopt_keyless(claims, consumer) == 1
         conn = claims
         conn.autocommit = False
         plans = explain_prepared(conn, limits_sql.job_keyless_newest, {
-            "after_id": newcomer.id - 10, "window": 5_000, "queues": ["flow_adopt_newest"]})
+            "after_id": newcomer.id - 10, "window": 5_000, "overlap": 1_000, "queues": ["flow_adopt_newest"]})
         conn.rollback()
     assert newcomer.id in {j.id for j in jobs}
     assert _count(db_url, "SELECT count(*) FROM outboxq_jobs WHERE id = %s AND limit_key = 'small'", newcomer.id) == 1
+    assert _count(db_url, "SELECT count(*) FROM outboxq_jobs WHERE id = %s AND limit_key = 'late'", late_job.id) == 1
     assert _count(db_url, "SELECT count(*) FROM outboxq_jobs WHERE queue = 'flow_adopt_newest' "
-                          "AND status = 'queued'") == backlog + 1 - len(jobs)
+                          "AND status = 'queued'") == backlog + 3 - len(jobs)
     nodes = [n for plan in plans for n in plan_nodes(plan)]  # a range of new ids through the primary key only
     assert {n["Index Name"] for n in nodes if "Index Name" in n} == {"outboxq_jobs_pkey"}, plans
     assert not any(n["Node Type"] == "Seq Scan" for n in nodes), plans

@@ -165,18 +165,24 @@ WHERE limit_key IS NULL
 """
 
 # The same for the newest jobs, whatever the backlog ahead of them (a keyless job enqueued behind 100,000 keyed
-# ones would otherwise wait for them to reach the front window): the jobs of the worker's per-key `queues` among
-# the ids after `after_id` (the last id the previous look covered; NULL at a worker's first look, which only
-# finds where to start), at most `window` ids further, through the primary key: a bounded read of new rows. The
-# first column, on every row (one row with NULLs when nothing matches): the highest id now, where the next look
-# may start. (A job committed after the look passed its id is left to the front window.)
+# ones would otherwise wait for them to reach the front window): the jobs after `after_id` (the highest id the
+# previous look read) in id order through the primary key, of every queue, at most `window` of them, and again
+# the `overlap` ids up to it (an enqueue that committed after the previous look read past its id): a bounded
+# read of new rows. The keyless ones of the worker's per-key `queues`, each row with last_id and scanned (the
+# highest id read, how many were read): one row of NULLs beside those where none is keyless.
 job_keyless_newest = """
-SELECT m.last_id, j.id, j.queue, j.payload, j.payload_bytes
-FROM (SELECT max(id) AS last_id FROM outboxq_jobs) m
-LEFT JOIN outboxq_jobs j
-    ON j.id > %(after_id)s::bigint AND j.id <= %(after_id)s::bigint + %(window)s AND j.queue = ANY(%(queues)s)
-    AND j.status IN ('queued', 'retrying') AND j.limit_key IS NULL
+WITH recent AS MATERIALIZED (
+    SELECT id, queue, status, limit_key FROM outboxq_jobs
+    WHERE id > %(after_id)s::bigint - %(overlap)s ORDER BY id LIMIT %(window)s::bigint + %(overlap)s
+), seen AS (SELECT max(id) AS last_id, count(*) AS scanned FROM recent)
+SELECT seen.last_id, seen.scanned, j.id, j.queue, j.payload, j.payload_bytes
+FROM seen
+LEFT JOIN (recent r JOIN outboxq_jobs j ON j.id = r.id)
+    ON r.queue = ANY(%(queues)s::text[]) AND r.status IN ('queued', 'retrying') AND r.limit_key IS NULL
 """
+
+# Where a worker's first look at the newest jobs starts: after every job there is now (the front window's).
+job_newest_id = "SELECT max(id) AS last_id FROM outboxq_jobs"
 
 # (Only where no key was given meanwhile.)
 job_set_limit_keys = """
