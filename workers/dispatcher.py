@@ -41,10 +41,9 @@ LIMITED_RECHECK_S = 0.05
 ADOPT_WINDOW = 1_000
 ADOPT_INTERVAL_S = 0.2
 ADOPT_IDLE_INTERVAL_S = 1.0
-# The look at the newest jobs (limits_sql.job_keyless_newest) reads at most this many jobs past the last look's,
-# and again this many ids before (enqueues that committed after the last look read past their ids).
-ADOPT_NEWEST_IDS = 5_000
-ADOPT_NEWEST_OVERLAP = 1_000
+# The look at the newest jobs (limits_sql.job_keyless_newest) reads at most this many jobs a queue past the
+# last look's place.
+ADOPT_NEWEST_WINDOW = 5_000
 
 
 def claim_order(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -95,7 +94,10 @@ class Dispatcher:
         self._key_depth: dict[str, float] = {}  # per-key queues: the jobs per key the last full claim showed
         self._claim_again: set[str] = set()  # per-key queues whose claim scanned too few keys (see below)
         self._adopt_due: dict[str, float] = {}  # per-key queues: when the next look for keyless jobs may run
-        self._newest_after: int | None = None  # the last job id the look at the newest jobs covered
+        # The look at the newest jobs: where a queue's next look starts, (created_xid, id) of the last job it read;
+        # where the first look started for a queue not read yet.
+        self._newest_after: dict[str, tuple[int, int]] = {}
+        self._newest_start: tuple[int, int] | None = None
         self._newest_due = 0.0  # when that look may run again
         self.cursors = ClaimCursors()  # other queues: where the next claim reads the claim index from
 
@@ -258,7 +260,10 @@ class Dispatcher:
         now = time.monotonic()
         newest = self._adopt_newest_keyless(conn, now)
         # (The other queues keyed by that look are claimed again at once; this one's caller does so from the count.)
-        self._claim_again.update(q for q in newest if q != queue)
+        for other in newest:
+            if other != queue:
+                self._claim_again.add(other)
+                self.state.idle_until[other] = 0.0
         adopted = newest.get(queue, 0)
         if now < self._adopt_due.get(queue, 0.0):
             return adopted
@@ -270,24 +275,28 @@ class Dispatcher:
 
     def _adopt_newest_keyless(self, conn: DictConnection, now: float) -> dict[str, int]:
         """The keyless jobs among the newest of this worker's per-key queues given their key (whatever the
-        backlog ahead of them: limits_sql.job_keyless_newest); how many per queue. At most every
+        backlog ahead of them: limits_sql.job_keyless_newest, in commit order); how many per queue. At most every
         ADOPT_INTERVAL_S (ADOPT_IDLE_INTERVAL_S after a look that found none), at once again while behind. A
-        worker's first look only finds where the newest start."""
+        worker's first look only finds where the newest start (jobs enqueued while no worker ran are left to the
+        front window)."""
         queues = [q for q, limits in self.state.limits.items() if limits.per_key and q in self.state.consumers]
         if not queues or now < self._newest_due:
             return {}
-        if self._newest_after is None:
-            self._newest_after = conn.execute(limits_sql.job_newest_id).fetchall()[0]["last_id"] or 0
+        if self._newest_start is None:
+            self._newest_start = (conn.execute(limits_sql.job_newest_place).fetchall()[0]["xmin"], 0)
             return {}
+        places = [self._newest_after.get(q, self._newest_start) for q in queues]
         rows = conn.execute(limits_sql.job_keyless_newest, {
-            "after_id": self._newest_after, "window": ADOPT_NEWEST_IDS, "overlap": ADOPT_NEWEST_OVERLAP,
-            "queues": queues}).fetchall()
-        if rows[0]["last_id"] is not None:  # (None: nothing after the overlap's start, as in an emptied table)
-            self._newest_after = max(self._newest_after, rows[0]["last_id"])
+            "queues": queues, "after_xids": [p[0] for p in places], "after_ids": [p[1] for p in places],
+            "window": ADOPT_NEWEST_WINDOW}).fetchall()
         keyless = [r for r in rows if r["id"] is not None]
-        behind = rows[0]["scanned"] >= ADOPT_NEWEST_IDS + ADOPT_NEWEST_OVERLAP
-        self._newest_due = now + (0.0 if behind else ADOPT_INTERVAL_S if keyless else ADOPT_IDLE_INTERVAL_S)
         self._set_limit_keys(conn, keyless)
+        # (Moved on only once the keys are written: a look that failed reads the same jobs again.)
+        behind = False
+        for r in rows:
+            self._newest_after[r["queue"]] = (r["last_xid"], r["last_id"])
+            behind = behind or r["scanned"] >= ADOPT_NEWEST_WINDOW
+        self._newest_due = now + (0.0 if behind else ADOPT_INTERVAL_S if keyless else ADOPT_IDLE_INTERVAL_S)
         adopted: dict[str, int] = {}
         for r in keyless:
             adopted[r["queue"]] = adopted.get(r["queue"], 0) + 1

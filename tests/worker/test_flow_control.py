@@ -340,49 +340,79 @@ def test_the_look_for_keyless_jobs_reads_only_the_front_of_the_queue_through_its
 
 def test_a_keyless_job_enqueued_behind_a_long_keyed_backlog_gets_its_key_and_its_turn_at_once(db_url):
     """A job enqueued without its consumer (no key) behind more keyed jobs than the front window reads: the look
-    at the newest jobs (the ids since the previous look's, through the primary key) gives it its key, and the
-    next per-key claim takes it in its key's turn, while the backlog ahead of it still waits."""
+    at the newest jobs (those enqueued since the previous look's place, in commit order) gives it its key, and
+    the next per-key claim takes it in its key's turn, while the backlog ahead of it still waits. A job whose
+    transaction commits after more than a thousand later jobs did is keyed too, and so is a waiting one."""
     backlog = ADOPT_WINDOW + 500
     _fill(db_url, "flow_adopt_newest", [{"tenant": "big"}] * backlog, limit_keys=["big"] * backlog)
     consumer = Consumer("flow_adopt_newest", lambda payload: None, global_concurrency=5, limit_by="tenant")
     worker = Worker([consumer], url=db_url, run_maintenance=False, listen=False)
     dispatcher = worker.dispatcher
+
+    def look():
+        dispatcher._adopt_due.clear()
+        dispatcher._newest_due = 0.0
+        return dispatcher.adopt_keyless(claims, consumer)
+
     with worker.state.connect_for_claims() as claims:
         dispatcher.read_limits(claims)
         assert dispatcher.adopt_keyless(claims, consumer) == 0  # (the first look finds where the newest start)
         with psycopg.connect(db_url) as conn:
             newcomer = enqueue(conn, "flow_adopt_newest", {"tenant": "small"})
             conn.commit()
-        dispatcher._adopt_due.clear()
-        dispatcher._newest_due = 0.0
-        assert dispatcher.adopt_keyless(claims, consumer) == 1
+        assert look() == 1
         jobs = dispatcher.claim_limited(claims, consumer, worker.state.limits["flow_adopt_newest"], 5)
-        # A job whose enqueue commits after a look read past its id (a later job's): the next look reads again
-        # the ids just before where the last one ended.
+        # A job whose enqueue commits after 1,200 later jobs' did (a long transaction, a large batch): the look
+        # does not pass a transaction still running.
         with psycopg.connect(db_url) as late, psycopg.connect(db_url) as conn:
             late_job = enqueue(late, "flow_adopt_newest", {"tenant": "late"})
-            enqueue(conn, "flow_adopt_newest", {"tenant": "after"})
+            enqueue_many(conn, "flow_adopt_newest", [{"tenant": "big"}] * 1_200, limit_keys=["big"] * 1_200)
+            blocker = enqueue(conn, "flow_adopt_newest", {"tenant": "big"}, key="blocker", limit_key="big")
+            waiting = enqueue(conn, "flow_adopt_newest", {"tenant": "waiting"},
+                              depends_on=[("flow_adopt_newest", "blocker")])
             conn.commit()
-            dispatcher._adopt_due.clear()
-            dispatcher._newest_due = 0.0
-            assert dispatcher.adopt_keyless(claims, consumer) == 1
+            assert look() == 0  # (nothing past a transaction still running: the later jobs wait for it)
             late.commit()
-        dispatcher._adopt_due.clear()
-        dispatcher._newest_due = 0.0
-        assert dispatcher.adopt_keyless(claims, consumer) == 1
-        conn = claims
-        conn.autocommit = False
-        plans = explain_prepared(conn, limits_sql.job_keyless_newest, {
-            "after_id": newcomer.id - 10, "window": 5_000, "overlap": 1_000, "queues": ["flow_adopt_newest"]})
-        conn.rollback()
+        assert look() == 2  # the late one and the waiting one
+        claims.autocommit = False
+        plans = explain_prepared(claims, limits_sql.job_keyless_newest, {
+            "queues": ["flow_adopt_newest"], "after_xids": [0], "after_ids": [newcomer.id], "window": 5_000})
+        claims.rollback()
     assert newcomer.id in {j.id for j in jobs}
-    assert _count(db_url, "SELECT count(*) FROM outboxq_jobs WHERE id = %s AND limit_key = 'small'", newcomer.id) == 1
-    assert _count(db_url, "SELECT count(*) FROM outboxq_jobs WHERE id = %s AND limit_key = 'late'", late_job.id) == 1
+    assert blocker.status == "queued" and waiting.status == "waiting"
+    for job, key in ((newcomer, "small"), (late_job, "late"), (waiting, "waiting")):
+        assert _count(db_url, "SELECT count(*) FROM outboxq_jobs WHERE id = %s AND limit_key = %s", job.id, key) == 1
     assert _count(db_url, "SELECT count(*) FROM outboxq_jobs WHERE queue = 'flow_adopt_newest' "
-                          "AND status = 'queued'") == backlog + 3 - len(jobs)
-    nodes = [n for plan in plans for n in plan_nodes(plan)]  # a range of new ids through the primary key only
-    assert {n["Index Name"] for n in nodes if "Index Name" in n} == {"outboxq_jobs_pkey"}, plans
+                          "AND status = 'queued'") == backlog + 1 + 1 + 1_200 + 1 - len(jobs)
+    nodes = [n for plan in plans for n in plan_nodes(plan)]  # the queue's new jobs through the feed index
+    assert {n["Index Name"] for n in nodes if "Index Name" in n} == {"outboxq_jobs_feed_idx", "outboxq_jobs_pkey"}, plans
     assert not any(n["Node Type"] == "Seq Scan" for n in nodes), plans
+
+
+def test_a_look_at_the_newest_jobs_that_failed_reads_them_again(db_url, monkeypatch):
+    """A look whose writing of the keys failed (connection lost, deadlock victim) does not move its place: the
+    next look keys the same jobs."""
+    consumer = Consumer("flow_adopt_retry", lambda payload: None, global_concurrency=5, limit_by="tenant")
+    worker = Worker([consumer], url=db_url, run_maintenance=False, listen=False)
+    dispatcher = worker.dispatcher
+    with worker.state.connect_for_claims() as claims:
+        dispatcher.read_limits(claims)
+        assert dispatcher.adopt_keyless(claims, consumer) == 0  # (the first look finds where the newest start)
+        with psycopg.connect(db_url) as conn:
+            job = enqueue(conn, "flow_adopt_retry", {"tenant": "t1"})
+            conn.commit()
+        written = dispatcher._set_limit_keys
+
+        def fail(conn, rows):
+            raise psycopg.OperationalError("connection lost")
+        monkeypatch.setattr(dispatcher, "_set_limit_keys", fail)
+        dispatcher._newest_due = 0.0
+        with pytest.raises(psycopg.OperationalError):
+            dispatcher._adopt_newest_keyless(claims, time.monotonic())
+        monkeypatch.setattr(dispatcher, "_set_limit_keys", written)
+        dispatcher._newest_due = 0.0
+        assert dispatcher._adopt_newest_keyless(claims, time.monotonic()) == {"flow_adopt_retry": 1}
+    assert _count(db_url, "SELECT count(*) FROM outboxq_jobs WHERE id = %s AND limit_key = 't1'", job.id) == 1
 
 
 def test_a_running_worker_runs_keyless_jobs_of_its_per_key_queue(db_url):

@@ -165,24 +165,40 @@ WHERE limit_key IS NULL
 """
 
 # The same for the newest jobs, whatever the backlog ahead of them (a keyless job enqueued behind 100,000 keyed
-# ones would otherwise wait for them to reach the front window): the jobs after `after_id` (the highest id the
-# previous look read) in id order through the primary key, of every queue, at most `window` of them, and again
-# the `overlap` ids up to it (an enqueue that committed after the previous look read past its id): a bounded
-# read of new rows. The keyless ones of the worker's per-key `queues`, each row with last_id and scanned (the
-# highest id read, how many were read): one row of NULLs beside those where none is keyless.
+# ones would otherwise wait for them to reach the front window), in commit order, the listing feed's rule
+# (outboxq.queue.feed): per queue, the jobs after the previous look's place (created_xid, id) whose enqueue
+# ended before every transaction still running began (created_xid below the snapshot's xmin), so that no job
+# can commit behind a place once read past, however long its transaction or large its batch; at most `window`
+# a queue, through the feed index. Waiting jobs too (a job released by its dependency later is not read again).
+# Per queue: the last place read and how many were read (scanned), with each keyless job's row, or one row of
+# NULLs beside those where none is keyless; no row for a queue where none was read.
 job_keyless_newest = """
-WITH recent AS MATERIALIZED (
-    SELECT id, queue, status, limit_key FROM outboxq_jobs
-    WHERE id > %(after_id)s::bigint - %(overlap)s ORDER BY id LIMIT %(window)s::bigint + %(overlap)s
-), seen AS (SELECT max(id) AS last_id, count(*) AS scanned FROM recent)
-SELECT seen.last_id, seen.scanned, j.id, j.queue, j.payload, j.payload_bytes
-FROM seen
+WITH horizon AS MATERIALIZED (
+    SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin
+), recent AS MATERIALIZED (
+    SELECT p.queue, r.id, r.created_xid, r.status, r.limit_key
+    FROM unnest(%(queues)s::text[], %(after_xids)s::bigint[], %(after_ids)s::bigint[])
+        AS p(queue, after_xid, after_id)
+    CROSS JOIN horizon h
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.created_xid, j.status, j.limit_key FROM outboxq_jobs j
+        WHERE j.queue = p.queue AND j.created_xid < h.xmin AND (j.created_xid, j.id) > (p.after_xid, p.after_id)
+        ORDER BY j.created_xid, j.id LIMIT %(window)s
+    ) r
+), seen AS (
+    SELECT DISTINCT ON (queue) queue, created_xid AS last_xid, id AS last_id,
+        count(*) OVER (PARTITION BY queue) AS scanned
+    FROM recent ORDER BY queue, created_xid DESC, id DESC
+)
+SELECT s.queue, s.last_xid, s.last_id, s.scanned, j.id, j.payload, j.payload_bytes
+FROM seen s
 LEFT JOIN (recent r JOIN outboxq_jobs j ON j.id = r.id)
-    ON r.queue = ANY(%(queues)s::text[]) AND r.status IN ('queued', 'retrying') AND r.limit_key IS NULL
+    ON r.queue = s.queue AND r.status IN ('waiting', 'queued', 'retrying') AND r.limit_key IS NULL
 """
 
-# Where a worker's first look at the newest jobs starts: after every job there is now (the front window's).
-job_newest_id = "SELECT max(id) AS last_id FROM outboxq_jobs"
+# Where a worker's first look at the newest jobs starts: after every job whose enqueue has ended (the front
+# window's), before every one still to commit.
+job_newest_place = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin"
 
 # (Only where no key was given meanwhile.)
 job_set_limit_keys = """
