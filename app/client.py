@@ -11,7 +11,7 @@ import asyncio
 import time
 import uuid
 from dataclasses import dataclass, field, fields
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
@@ -119,6 +119,8 @@ def _job_body(payload: Any, options: dict[str, Any]) -> dict[str, Any]:
     for name in JOB_OPTIONS:
         if options.get(name) is not None:
             body[name] = options[name]
+    if isinstance(options.get("unique"), timedelta):  # (a window, as enqueue takes it: seconds over HTTP)
+        body["unique"] = options["unique"].total_seconds()
     if options.get("run_at") is not None:
         run_at = options["run_at"]
         body["run_at"] = run_at.isoformat() if isinstance(run_at, datetime) else run_at
@@ -181,7 +183,7 @@ class Client(_Base):
 
     def enqueue(self, queue: str, payload: Any, **options: Any) -> JobInfo:
         """Enqueue one job (options: key, depends_on, run_at, delay_seconds, priority, max_attempts, unique,
-        on_conflict, on_dependency_failure, limit_key; as in the HTTP API)."""
+        on_conflict, on_dependency_failure, limit_key; as in the HTTP API, unique also a timedelta)."""
         return JobInfo.from_json(self.request("POST", f"/v1/queues/{queue}/jobs", json=_job_body(payload, options)))
 
     def enqueue_many(self, queue: str, payloads: list[Any], **options: Any) -> list[JobInfo]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 import httpx
 import psycopg
@@ -117,9 +118,11 @@ def test_the_client_sends_every_job_option_of_the_http_api(db_url):
             again = client.enqueue("emails", {"n": 2}, key="k", unique="active", on_conflict="ignore")
             waits = client.enqueue_many("emails", [{"n": 3}], depends_on=[("emails", "k")],
                                         on_dependency_failure="cancel", limit_key="tenant-8")
+            window = client.enqueue("emails", {"n": 4}, key="w", unique=timedelta(minutes=5))
+            in_window = client.enqueue("emails", {"n": 5}, key="w", unique=timedelta(minutes=5), on_conflict="ignore")
             with pytest.raises(TypeError, match="unknown enqueue options: colour"):
                 client.enqueue("emails", {}, colour="red")
-    assert again.id == first.id
+    assert again.id == first.id and in_window.id == window.id
     with psycopg.connect(db_url) as conn:
         rows = conn.execute("SELECT id, limit_key FROM outboxq_jobs ORDER BY id").fetchall()
-    assert rows == [(first.id, "tenant-7"), (waits[0].id, "tenant-8")]
+    assert rows == [(first.id, "tenant-7"), (waits[0].id, "tenant-8"), (window.id, None)]
