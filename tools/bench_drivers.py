@@ -287,6 +287,9 @@ def outboxq_drain(spec: dict[str, Any]) -> dict[str, Any]:
         worker.start()
         if worker.listener is not None:
             worker.listener.ready.wait(10)
+        deadline = time.monotonic() + 30
+        while not worker.dispatcher.limits_known and time.monotonic() < deadline:  # (declared before the jobs)
+            time.sleep(0.01)
         time.sleep(0.5)  # its start-up claims found nothing: the dispatcher waits for a notification
     emit("ready", rss_kb=rss_kb())
     control().wait("go")

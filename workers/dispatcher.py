@@ -194,6 +194,11 @@ class Dispatcher:
 
     # ------------------------------------------------------------------ flow control (outboxq.queue.limits)
 
+    @property
+    def limits_known(self) -> bool:
+        """Whether the worker has read (and declared) its queues' limits once."""
+        return self._limits_read_at is not None
+
     def read_limits(self, conn: DictConnection) -> None:
         """Read the limits of this worker's queues, having declared its consumers' limits where they differ from
         those stored (at start), or are missing (later: flow_limits.declaration_changes)."""
