@@ -94,10 +94,8 @@ class Dispatcher:
         self._key_depth: dict[str, float] = {}  # per-key queues: the jobs per key the last full claim showed
         self._claim_again: set[str] = set()  # per-key queues whose claim scanned too few keys (see below)
         self._adopt_due: dict[str, float] = {}  # per-key queues: when the next look for keyless jobs may run
-        # The look at the newest jobs: where a queue's next look starts, (created_xid, id) of the last job it read;
-        # where the first look started for a queue not read yet.
+        # The look at the newest jobs: where a queue's next look starts, (created_xid, id) of the last job it read.
         self._newest_after: dict[str, tuple[int, int]] = {}
-        self._newest_start: tuple[int, int] | None = None
         self._newest_due = 0.0  # when that look may run again
         self.cursors = ClaimCursors()  # other queues: where the next claim reads the claim index from
 
@@ -282,15 +280,18 @@ class Dispatcher:
         """The keyless jobs among the newest of this worker's per-key queues given their key (whatever the
         backlog ahead of them: limits_sql.job_keyless_newest, in commit order); how many per queue. At most every
         ADOPT_INTERVAL_S (ADOPT_IDLE_INTERVAL_S after a look that found none), at once again while behind. A
-        worker's first look only finds where the newest start (jobs enqueued while no worker ran are left to the
-        front window)."""
+        queue's first look starts after the jobs whose enqueue has ended (those enqueued while no worker looked are
+        left to the front window)."""
         queues = [q for q, limits in self.state.limits.items() if limits.per_key and q in self.state.consumers]
         if not queues or now < self._newest_due:
             return {}
-        if self._newest_start is None:
-            self._newest_start = (conn.execute(limits_sql.job_newest_place).fetchall()[0]["xmin"], 0)
-            return {}
-        places = [self._newest_after.get(q, self._newest_start) for q in queues]
+        start = conn.execute(limits_sql.job_newest_place).fetchall()[0]
+        # (A queue that stopped being per key forgets its place; one without a place starts now, and so does one
+        # whose place is past every transaction id the server has given: its ids went back, as after a failover
+        # to a standby that was behind.)
+        self._newest_after = {q: place for q, place in self._newest_after.items()
+                              if q in queues and place[0] < start["xmax"]}
+        places = [self._newest_after.setdefault(q, (start["xmin"], 0)) for q in queues]
         rows = conn.execute(limits_sql.job_keyless_newest, {
             "queues": queues, "after_xids": [p[0] for p in places], "after_ids": [p[1] for p in places],
             "window": ADOPT_NEWEST_WINDOW}).fetchall()
@@ -309,16 +310,17 @@ class Dispatcher:
 
     def _set_limit_keys(self, conn: DictConnection, rows: list[dict[str, Any]]) -> None:
         """Store the limit key of each of these keyless jobs (rows with id, queue, payload, payload_bytes),
-        computed by its queue's consumer (_limit_key_for); committed."""
+        computed by its queue's consumer (_limit_key_for); committed durably."""
         if not rows:
             return
         consumers = self.state.consumers
         # (In id order, the order every look locks them in: two workers keying the same jobs cannot deadlock.)
         rows = sorted(rows, key=lambda r: r["id"])
-        conn.execute(limits_sql.job_set_limit_keys, {
-            "ids": [r["id"] for r in rows],
-            "limit_keys": [self._limit_key_for(consumers[r["queue"]], r) for r in rows]})
-        if not conn.autocommit:
+        limit_keys = [self._limit_key_for(consumers[r["queue"]], r) for r in rows]
+        # (Durable: the look moves past these jobs once this returns; a key lost in a crash would leave them to
+        # the front window.)
+        with durable_transaction(conn):
+            conn.execute(limits_sql.job_set_limit_keys, {"ids": [r["id"] for r in rows], "limit_keys": limit_keys})
             conn.commit()
 
     @staticmethod

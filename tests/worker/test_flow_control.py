@@ -7,6 +7,7 @@ rows: how many ran at once, how many started within any window of the rate limit
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -354,13 +355,18 @@ def test_a_keyless_job_enqueued_behind_a_long_keyed_backlog_gets_its_key_and_its
         dispatcher._newest_due = 0.0
         return dispatcher.adopt_keyless(claims, consumer)
 
+    def looks(expected):  # (another writer of the cluster, autovacuum's ANALYZE say, can hold the look a moment)
+        adopted = []
+        wait_for(lambda: sum(adopted.__iadd__([look()])) >= expected, timeout=10)
+        return sum(adopted)
+
     with worker.state.connect_for_claims() as claims:
         dispatcher.read_limits(claims)
         assert dispatcher.adopt_keyless(claims, consumer) == 0  # (the first look finds where the newest start)
         with psycopg.connect(db_url) as conn:
             newcomer = enqueue(conn, "flow_adopt_newest", {"tenant": "small"})
             conn.commit()
-        assert look() == 1
+        assert looks(1) == 1
         jobs = dispatcher.claim_limited(claims, consumer, worker.state.limits["flow_adopt_newest"], 5)
         # A job whose enqueue commits after 1,200 later jobs' did (a long transaction, a large batch): the look
         # does not pass a transaction still running.
@@ -373,7 +379,8 @@ def test_a_keyless_job_enqueued_behind_a_long_keyed_backlog_gets_its_key_and_its
             conn.commit()
             assert look() == 0  # (nothing past a transaction still running: the later jobs wait for it)
             late.commit()
-        assert look() == 2  # the late one and the waiting one
+        assert looks(2) == 2  # the late one and the waiting one
+        assert look() == 0 and dispatcher._newest_after["flow_adopt_newest"][1] == waiting.id  # (the last committed)
         claims.autocommit = False
         plans = explain_prepared(claims, limits_sql.job_keyless_newest, {
             "queues": ["flow_adopt_newest"], "after_xids": [0], "after_ids": [newcomer.id], "window": 5_000})
@@ -401,17 +408,46 @@ def test_a_look_at_the_newest_jobs_that_failed_reads_them_again(db_url, monkeypa
         with psycopg.connect(db_url) as conn:
             job = enqueue(conn, "flow_adopt_retry", {"tenant": "t1"})
             conn.commit()
-        written = dispatcher._set_limit_keys
+        written, failed = dispatcher._set_limit_keys, []
 
         def fail(conn, rows):
-            raise psycopg.OperationalError("connection lost")
+            if rows:
+                failed.append(rows)
+                raise psycopg.OperationalError("connection lost")
+
+        def look():
+            dispatcher._newest_due = 0.0
+            return dispatcher._adopt_newest_keyless(claims, time.monotonic())
+
+        def failing_look():
+            with contextlib.suppress(psycopg.OperationalError):
+                look()
+            return failed
         monkeypatch.setattr(dispatcher, "_set_limit_keys", fail)
-        dispatcher._newest_due = 0.0
-        with pytest.raises(psycopg.OperationalError):
-            dispatcher._adopt_newest_keyless(claims, time.monotonic())
+        assert [r["id"] for r in wait_for(failing_look, timeout=10)[0]] == [job.id]
         monkeypatch.setattr(dispatcher, "_set_limit_keys", written)
+        assert wait_for(look, timeout=10) == {"flow_adopt_retry": 1}
+    assert _count(db_url, "SELECT count(*) FROM outboxq_jobs WHERE id = %s AND limit_key = 't1'", job.id) == 1
+
+
+def test_a_look_whose_place_is_past_the_servers_transaction_ids_starts_again(db_url):
+    """A place beyond every transaction id the server has given (its ids went back: a failover to a standby
+    behind it) would never see a new job: the look starts again from now."""
+    consumer = Consumer("flow_adopt_ahead", lambda payload: None, global_concurrency=5, limit_by="tenant")
+    worker = Worker([consumer], url=db_url, run_maintenance=False, listen=False)
+    dispatcher = worker.dispatcher
+
+    def look():
         dispatcher._newest_due = 0.0
-        assert dispatcher._adopt_newest_keyless(claims, time.monotonic()) == {"flow_adopt_retry": 1}
+        return dispatcher._adopt_newest_keyless(claims, time.monotonic())
+    with worker.state.connect_for_claims() as claims:
+        dispatcher.read_limits(claims)
+        dispatcher._newest_after["flow_adopt_ahead"] = (2**62, 0)
+        assert look() == {}
+        with psycopg.connect(db_url) as conn:
+            job = enqueue(conn, "flow_adopt_ahead", {"tenant": "t1"})
+            conn.commit()
+        assert wait_for(look, timeout=10) == {"flow_adopt_ahead": 1}
     assert _count(db_url, "SELECT count(*) FROM outboxq_jobs WHERE id = %s AND limit_key = 't1'", job.id) == 1
 
 

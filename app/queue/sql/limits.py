@@ -196,9 +196,12 @@ LEFT JOIN (recent r JOIN outboxq_jobs j ON j.id = r.id)
     ON r.queue = s.queue AND r.status IN ('waiting', 'queued', 'retrying') AND r.limit_key IS NULL
 """
 
-# Where a worker's first look at the newest jobs starts: after every job whose enqueue has ended (the front
-# window's), before every one still to commit.
-job_newest_place = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin"
+# Where the look at the newest jobs of a queue starts (xmin: after every job whose enqueue has ended, which are
+# the front window's, before every one still to commit), and the first transaction id not yet given (xmax).
+job_newest_place = """
+SELECT pg_snapshot_xmin(s)::text::bigint AS xmin, pg_snapshot_xmax(s)::text::bigint AS xmax
+FROM pg_current_snapshot() AS s
+"""
 
 # (Only where no key was given meanwhile.)
 job_set_limit_keys = """
