@@ -413,9 +413,7 @@ def test_a_keyless_job_enqueued_behind_a_long_keyed_backlog_gets_its_key_and_its
     with worker.state.connect_for_claims() as claims:
         dispatcher.read_limits(claims)
         assert dispatcher.adopt_keyless(claims, consumer) == 0  # (the first look finds where the newest start)
-        with psycopg.connect(db_url) as conn:
-            newcomer = enqueue(conn, "flow_adopt_newest", {"tenant": "small"})
-            conn.commit()
+        [newcomer] = _fill(db_url, "flow_adopt_newest", [{"tenant": "small"}])
         assert looks(1) == 1
         jobs = dispatcher.claim_limited(claims, consumer, worker.state.limits["flow_adopt_newest"], 5)
         # A job whose enqueue commits after 1,200 later jobs' did (a long transaction, a large batch): the look
@@ -455,9 +453,7 @@ def test_a_look_at_the_newest_jobs_that_failed_reads_them_again(db_url, monkeypa
     with worker.state.connect_for_claims() as claims:
         dispatcher.read_limits(claims)
         assert dispatcher.adopt_keyless(claims, consumer) == 0  # (the first look finds where the newest start)
-        with psycopg.connect(db_url) as conn:
-            job = enqueue(conn, "flow_adopt_retry", {"tenant": "t1"})
-            conn.commit()
+        [job] = _fill(db_url, "flow_adopt_retry", [{"tenant": "t1"}])
         written, failed = dispatcher._set_limit_keys, []
 
         def fail(conn, rows):
@@ -494,9 +490,7 @@ def test_a_look_whose_place_is_past_the_servers_transaction_ids_starts_again(db_
         dispatcher.read_limits(claims)
         dispatcher._newest_after["flow_adopt_ahead"] = (2**62, 0)
         assert look() == {}
-        with psycopg.connect(db_url) as conn:
-            job = enqueue(conn, "flow_adopt_ahead", {"tenant": "t1"})
-            conn.commit()
+        [job] = _fill(db_url, "flow_adopt_ahead", [{"tenant": "t1"}])
         assert wait_for(look, timeout=10) == {"flow_adopt_ahead": 1}
     assert _count(db_url, "SELECT count(*) FROM outboxq_jobs WHERE id = %s AND limit_key = 't1'", job.id) == 1
 
