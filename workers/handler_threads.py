@@ -51,15 +51,8 @@ class HandlerThreads:
                 # (Started now, it could make N + 1 starts within one period of its rate limit: its start was
                 # counted at its claim. The dispatcher hands it back, to be claimed again within the limit.)
                 with s.lock:
-                    abandoned = job.abandoned  # (cancelled meanwhile: its outcome is written, as below)
-                    if abandoned:
-                        job.finished = True
-                        s.abandoned.pop(job.id, None)
-                    else:
-                        s.late.append(job)
+                    s.late.append(job)
                 s.wake.set()
-                if abandoned and not job.consumer.is_async:
-                    return  # a new handler thread took this one's place when the job was abandoned
                 continue
             s.metrics.job_started(job)
             outcome = executor.execute(job, s.async_loop)
