@@ -256,8 +256,6 @@ class Dispatcher:
         with s.lock:
             late, s.late = s.late, []
         s.hand_back(conn, late)
-        s.metrics.jobs_handed_back_late(late)
-        s.stats["handed_back_late"] += len(late)
         log.info("handed back %d rate-limited jobs not started within their rate window's margin of their claim",
                  len(late))
 
@@ -446,16 +444,18 @@ class Dispatcher:
         beside it. Otherwise, and for what a shared claim left, in an exclusive one, which counts every job
         running and every start (the slots: outboxq.queue.sql.limits)."""
         jobs: list[ClaimedJob] = []
+        sent = time.monotonic()  # (no later than the claim's log of their starts: see _started_by)
         # Shared only on the dispatcher's own connection, where each claim commits before the next: in a
         # caller's transaction the shared slot would still be held while the exclusive claim waits for every
         # slot, and two such claims would deadlock.
         if conn.autocommit and flow_limits.shares_claim_slots(limits, limit):
             jobs, held_back = self._claim_in_slot(conn, consumer, limits, limit, shared=True)
             if len(jobs) == limit or (jobs and not held_back):
-                return jobs  # (short of jobs, not of room: an exclusive claim would find no more)
+                return self._started_by(jobs, limits, sent)  # (short of jobs, not of room: no more to find)
             limit -= len(jobs)
         try:
-            return jobs + self._claim_in_slot(conn, consumer, limits, limit, shared=False)[0]
+            jobs += self._claim_in_slot(conn, consumer, limits, limit, shared=False)[0]
+            return self._started_by(jobs, limits, sent)
         except psycopg.Error as exc:
             if not jobs:
                 raise
@@ -463,14 +463,14 @@ class Dispatcher:
             # them to its expiry (and to a retry counted for nothing). The error comes back at the next statement.
             log.warning("dispatcher: the exclusive claim after a shared one of %s failed (%s); handing out the "
                         "%d jobs claimed", consumer.queue, exc, len(jobs))
-            return jobs
+            return self._started_by(jobs, limits, sent)
 
     @staticmethod
-    def _started_by(jobs: list[ClaimedJob], limits: flow_limits.QueueLimits, sent: float | None) -> list[ClaimedJob]:
+    def _started_by(jobs: list[ClaimedJob], limits: flow_limits.QueueLimits, sent: float) -> list[ClaimedJob]:
         """Give the jobs of a rate-limited queue their start_by: the rate window counts a start from the claim
         that logged it (no earlier than `sent`) and reaches back RATE_WINDOW_MARGIN of a period further, so
         handlers that start them within that margin of `sent` make at most N starts in any one period."""
-        if sent is not None and limits.rate_limit_period_s is not None:
+        if limits.rate_limit_period_s is not None:
             start_by = sent + limits_sql.RATE_WINDOW_MARGIN * limits.rate_limit_period_s
             for job in jobs:
                 job.start_by = start_by
@@ -492,16 +492,10 @@ class Dispatcher:
         # One round trip for the slot and the claim (a pipeline); still two statements, two snapshots.
         with durable_transaction(conn):
             if shared:
-                locked = conn.execute(limits_sql.queue_limit_claim_shared,
-                                      {"queue": consumer.queue, "first_slot": random.randrange(limits_sql.CLAIM_SLOTS)})
+                conn.execute(limits_sql.queue_limit_claim_shared,
+                             {"queue": consumer.queue, "first_slot": random.randrange(limits_sql.CLAIM_SLOTS)})
             else:
-                locked = conn.execute(limits_sql.queue_limit_claim_exclusive, {"queue": consumer.queue})
-            sent = None
-            if limits.rate_limit_period_s is not None:
-                # (Its handlers must start within a margin of the claim's log of their starts (_started_by): the
-                # wait for the slot, behind other workers' claims, must not use it up. One more round trip.)
-                locked.fetchall()
-                sent = time.monotonic()
+                conn.execute(limits_sql.queue_limit_claim_exclusive, {"queue": consumer.queue})
             # (Planned once per connection, not before every claim: the worker's own connections plan so for the
             # whole session already, a caller's connection for this claim.)
             conn.execute(limits_sql.claim_generic_plan)
@@ -509,7 +503,7 @@ class Dispatcher:
             if not limits.per_key:
                 jobs = self.claim(conn, consumer, limit, statement=limits_sql.job_claim_limited, params=reserve,
                                   order=noted(claim_order))
-                return self._started_by(jobs, limits, sent), held_back
+                return jobs, held_back
             queue = consumer.queue
             self._claim_again.discard(queue)
             after_key = self._limit_cursor.get(queue, "")
@@ -536,7 +530,7 @@ class Dispatcher:
                 # Short after scanning fewer keys than it might have: the rest may lie in the keys after them
                 # (the queue is not idle); the dispatcher claims again at once, scanning every key.
                 self._claim_again.add(queue)
-            return self._started_by(jobs, limits, sent), held_back
+            return jobs, held_back
 
     def _claim_from_cursor(self, conn: DictConnection, queue: str, statement: str,
                            values: dict[str, Any]) -> list[dict[str, Any]]:

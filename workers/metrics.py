@@ -31,7 +31,6 @@ class WorkerMetrics:
         self._local = threading.local()
         self._started_by_thread: list[dict[str, int]] = []
         self._finished: dict[tuple[str, str], int] = defaultdict(int)
-        self._handed_back_late: dict[str, int] = defaultdict(int)
         # queue -> [count per bucket (the last one is +Inf), sum of seconds]
         self._durations: dict[str, list[float]] = {}
         self._in_flight: Callable[[], int] = lambda: 0
@@ -60,13 +59,6 @@ class WorkerMetrics:
                 histogram[bisect_left(DURATION_BUCKETS_S, outcome.duration_s)] += 1
                 histogram[-1] += outcome.duration_s
 
-    def jobs_handed_back_late(self, jobs: Iterable[ClaimedJob]) -> None:
-        """Count rate-limited jobs handed back unstarted: no handler could start them within their rate limit's
-        margin of their claim (called by the dispatcher)."""
-        with self._lock:
-            for job in jobs:
-                self._handed_back_late[job.queue] += 1
-
     def track_in_flight(self, read: Callable[[], int]) -> None:
         """Read the in-flight count at each scrape."""
         self._in_flight = read
@@ -79,7 +71,6 @@ class WorkerMetrics:
                 for queue, n in list(counts.items()):
                     started[queue] += n
             finished = dict(self._finished)
-            handed_back_late = dict(self._handed_back_late)
             durations = {q: list(h) for q, h in self._durations.items()}
         family = CounterMetricFamily("outboxq_worker_jobs_started", "Handler runs started, by queue",
                                      labels=["queue"])
@@ -90,12 +81,6 @@ class WorkerMetrics:
                                      labels=["queue", "outcome"])
         for (queue, outcome), n in sorted(finished.items()):
             family.add_metric([queue, outcome], n)
-        yield family
-        family = CounterMetricFamily(
-            "outboxq_worker_jobs_handed_back_late", "Rate-limited jobs handed back unstarted: no handler could start "
-            "them within their rate limit's margin of their claim (a loaded machine), by queue", labels=["queue"])
-        for queue, n in sorted(handed_back_late.items()):
-            family.add_metric([queue], n)
         yield family
         histogram = HistogramMetricFamily("outboxq_worker_handler_duration_seconds", "Handler run time, by queue",
                                           labels=["queue"])

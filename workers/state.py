@@ -72,7 +72,7 @@ class WorkerState:
 
         self.async_loop: AsyncLoop | None = None
         self.metrics = WorkerMetrics()
-        self.stats = {"claimed": 0, "completed": 0, "failed": 0, "fenced": 0, "cancelled": 0, "handed_back_late": 0}
+        self.stats = {"claimed": 0, "completed": 0, "failed": 0, "fenced": 0, "cancelled": 0}
         self._local = threading.local()
 
     def connect(self, *, autocommit: bool = False) -> DictConnection:
