@@ -107,8 +107,6 @@ class Dispatcher:
             try:
                 if conn is None or conn.closed:
                     conn = s.connect_for_claims()
-                if s.late:
-                    self._hand_back_late(conn)
                 claimed_any_full = False
                 now = time.monotonic()
                 # The limits are re-read while idle (below), off the path from a notification to its claim; a
@@ -248,16 +246,6 @@ class Dispatcher:
         s.hand_back(conn, taken)
         log.info("handed back %d unstarted jobs of %s: their limits changed since they were claimed",
                  len(taken), ", ".join(sorted({j.queue for j in taken})))
-
-    def _hand_back_late(self, conn: DictConnection) -> None:
-        """Hand back the rate-limited jobs that no handler started by their start_by (a loaded machine, a
-        handler thread slow to take them): back to their place, their attempt undone."""
-        s = self.state
-        with s.lock:
-            late, s.late = s.late, []
-        s.hand_back(conn, late)
-        log.info("handed back %d rate-limited jobs not started within their rate window's margin of their claim",
-                 len(late))
 
     def adopt_all_keyless(self, conn: DictConnection) -> None:
         """adopt_keyless for each of this worker's per-key queues (after each reading of the limits)."""
@@ -444,18 +432,16 @@ class Dispatcher:
         beside it. Otherwise, and for what a shared claim left, in an exclusive one, which counts every job
         running and every start (the slots: outboxq.queue.sql.limits)."""
         jobs: list[ClaimedJob] = []
-        sent = time.monotonic()  # (no later than the claim's log of their starts: see _started_by)
         # Shared only on the dispatcher's own connection, where each claim commits before the next: in a
         # caller's transaction the shared slot would still be held while the exclusive claim waits for every
         # slot, and two such claims would deadlock.
         if conn.autocommit and flow_limits.shares_claim_slots(limits, limit):
             jobs, held_back = self._claim_in_slot(conn, consumer, limits, limit, shared=True)
             if len(jobs) == limit or (jobs and not held_back):
-                return self._started_by(jobs, limits, sent)  # (short of jobs, not of room: no more to find)
+                return jobs  # (short of jobs, not of room: an exclusive claim would find no more)
             limit -= len(jobs)
         try:
-            jobs += self._claim_in_slot(conn, consumer, limits, limit, shared=False)[0]
-            return self._started_by(jobs, limits, sent)
+            return jobs + self._claim_in_slot(conn, consumer, limits, limit, shared=False)[0]
         except psycopg.Error as exc:
             if not jobs:
                 raise
@@ -463,18 +449,7 @@ class Dispatcher:
             # them to its expiry (and to a retry counted for nothing). The error comes back at the next statement.
             log.warning("dispatcher: the exclusive claim after a shared one of %s failed (%s); handing out the "
                         "%d jobs claimed", consumer.queue, exc, len(jobs))
-            return self._started_by(jobs, limits, sent)
-
-    @staticmethod
-    def _started_by(jobs: list[ClaimedJob], limits: flow_limits.QueueLimits, sent: float) -> list[ClaimedJob]:
-        """Give the jobs of a rate-limited queue their start_by: the rate window counts a start from the claim
-        that logged it (no earlier than `sent`) and reaches back RATE_WINDOW_MARGIN of a period further, so
-        handlers that start them within that margin of `sent` make at most N starts in any one period."""
-        if limits.rate_limit_period_s is not None:
-            start_by = sent + limits_sql.RATE_WINDOW_MARGIN * limits.rate_limit_period_s
-            for job in jobs:
-                job.start_by = start_by
-        return jobs
+            return jobs
 
     def _claim_in_slot(self, conn: DictConnection, consumer: Consumer, limits: flow_limits.QueueLimits,
                        limit: int, *, shared: bool) -> tuple[list[ClaimedJob], bool]:

@@ -37,9 +37,6 @@ class ClaimedJob:
     consumer: Consumer
     ctx: JobContext | None = None
     started_monotonic: float | None = None
-    # A rate-limited job's handler must start by then (monotonic), or it is handed back unstarted: the rate
-    # window counts its start from its claim, with a margin for the time between the two (limits_sql).
-    start_by: float | None = None
     thread_id: int | None = None
     task: asyncio.Task | None = None
     stack_dumps: int = 0  # how many max_execute_s thresholds have been reported

@@ -47,13 +47,6 @@ class HandlerThreads:
                 with s.lock:
                     self._unstarted.append(job)
                 continue
-            if job.start_by is not None and time.monotonic() > job.start_by:
-                # (Started now, it could make N + 1 starts within one period of its rate limit: its start was
-                # counted at its claim. The dispatcher hands it back, to be claimed again within the limit.)
-                with s.lock:
-                    s.late.append(job)
-                s.wake.set()
-                continue
             s.metrics.job_started(job)
             outcome = executor.execute(job, s.async_loop)
             with s.lock:
@@ -84,9 +77,6 @@ class HandlerThreads:
                 break
             if job is not None:
                 self._unstarted.append(job)
-        with s.lock:
-            self._unstarted.extend(s.late)
-            s.late.clear()
         if not self._unstarted:
             return
         try:

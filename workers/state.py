@@ -51,7 +51,6 @@ class WorkerState:
         self.in_flight: dict[int, ClaimedJob] = {}
         self.buffered = 0
         self.abandoned: dict[int, ClaimedJob] = {}
-        self.late: list[ClaimedJob] = []  # rate-limited jobs no handler started by their start_by: to hand back
 
         self.work: queue_module.SimpleQueue[ClaimedJob | None] = queue_module.SimpleQueue()  # → handlers
         self.outcomes: queue_module.SimpleQueue[Outcome | None] = queue_module.SimpleQueue()  # → completer

@@ -148,32 +148,6 @@ def test_rate_limit_starts_in_any_window_never_exceed_the_limit_and_use_no_attem
     assert _count(db_url, "SELECT max(attempts) FROM outboxq_jobs WHERE queue = 'flow_rate'") == 1
 
 
-def test_a_rate_limited_job_not_started_within_the_margin_of_its_claim_is_handed_back(db_url, monkeypatch):
-    """The rate window counts a start from its claim, with a margin (RATE_WINDOW_MARGIN of the period) for the
-    time until its handler starts: a job whose handler could not start within it (a loaded machine) would make
-    N + 1 starts within one period; it is handed back unstarted, its attempt undone, and runs once claimed again
-    in time. With no margin at all, no job can start."""
-    margin = limits_sql.RATE_WINDOW_MARGIN
-    monkeypatch.setattr(limits_sql, "RATE_WINDOW_MARGIN", 0.0)
-    handled = []
-    consumer = Consumer("flow_late_start", handled.append, rate_limit="20/s")
-    worker = Worker([consumer], url=db_url, run_maintenance=False, poll_interval=0.1).start()
-    try:
-        with psycopg.connect(db_url) as conn:
-            enqueue_many(conn, "flow_late_start", [{"n": n} for n in range(3)])
-            conn.commit()
-        time.sleep(1.0)
-        assert handled == []
-        monkeypatch.setattr(limits_sql, "RATE_WINDOW_MARGIN", margin)
-        wait_for(lambda: len(handled) == 3, timeout=20)
-    finally:
-        worker.stop(timeout=5)
-    assert sorted(p["n"] for p in handled) == [0, 1, 2]
-    with psycopg.connect(db_url) as conn:
-        assert conn.execute("SELECT status, attempts FROM outboxq_jobs WHERE queue = 'flow_late_start'").fetchall() \
-            == [("done", 1)] * 3
-
-
 def test_late_single_job_of_a_second_key_starts_while_the_first_keys_backlog_is_large(db_url, tmp_path):
     _fill(db_url, "flow_fair", [{"tenant": "bulk", "sleep": 0.01} for _ in range(3000)])
     worker = _start_worker(db_url, tmp_path / "w.log", "flow_fair", "--concurrency", "4")
