@@ -597,6 +597,9 @@ class Bench:
             "jobs_per_s": finished / elapsed, "timed_out": timed_out, "processes": processes,
             "worker": worker or {}, "rss_start_kb": rss_start,
             "rss_end_kb": sum(int(r.get("rss_kb", 0)) for r in results),
+            # (outboxq: the workers' counters summed: claimed, completed, failed, fenced, cancelled)
+            "worker_stats": {k: sum(int(r.get("stats", {}).get(k, 0)) for r in results)
+                             for k in sorted({k for r in results for k in r.get("stats", {})})},
             "rss_max_kb": sum(d.max_rss_kb for d in drivers),
             "fill_jobs_per_s": fill_result["jobs_per_s"] if fill_result else None,
         }
