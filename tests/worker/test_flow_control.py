@@ -356,9 +356,14 @@ def test_a_keyless_job_enqueued_behind_a_long_keyed_backlog_gets_its_key_and_its
         return dispatcher.adopt_keyless(claims, consumer)
 
     def looks(expected):  # (another writer of the cluster, autovacuum's ANALYZE say, can hold the look a moment)
-        adopted = []
-        wait_for(lambda: sum(adopted.__iadd__([look()])) >= expected, timeout=10)
-        return sum(adopted)
+        adopted = 0
+
+        def enough():
+            nonlocal adopted
+            adopted += look()
+            return adopted >= expected
+        wait_for(enough, timeout=10)
+        return adopted
 
     with worker.state.connect_for_claims() as claims:
         dispatcher.read_limits(claims)
