@@ -80,8 +80,27 @@ class Settings(BaseSettings):
     # How long `outboxq serve` waits for the database at start-up before serving (503 on /readyz) anyway, and
     # `outboxq worker` and `outboxq spark run` before they give up (exit 1).
     db_wait_s: float = 30.0
-    # False: GET /metrics needs a token with the read scope.
-    metrics_public: bool = True
+    # True: GET /metrics answers without a token (OUTBOXQ_METRICS_PUBLIC); by default it needs the read scope.
+    metrics_public: bool = False
+    # True: per-key limit series carry the limit key as a label (OUTBOXQ_METRICS_KEY_LABELS); by default a
+    # queue's keys appear only as a count, since keys come from payloads (customer ids, say).
+    metrics_key_labels: bool = False
+    # Addresses whose X-Forwarded-For / X-Forwarded-Proto `outboxq serve` trusts (comma-separated, "*" for all;
+    # OUTBOXQ_FORWARDED_ALLOW_IPS). Empty: none, so a client cannot pick the address it is throttled under.
+    forwarded_allow_ips: str = ""
+    # JSON bodies nested deeper than this (objects and arrays) are refused with 422 before they are parsed.
+    max_json_depth: int = Field(default=64, ge=2, le=1000)
+    # HTTP-submitted Spark batches pending (waiting for one of spark_max_batches) beyond this: 429.
+    spark_max_pending_batches: int = Field(default=16, ge=0)
+
+    # Bounds of what a handler hands back (documented in the README's security section).
+    # A stored result's JSON (OUTBOXQ_MAX_RESULT_BYTES): a larger result fails its attempt ("result not storable").
+    max_result_bytes: int = Field(default=1024 * 1024, ge=1024)
+    # A failure's error text and traceback (each): longer ones are cut, with a marker saying how much was cut.
+    max_error_bytes: int = Field(default=64 * 1024, ge=256)
+    max_traceback_bytes: int = Field(default=64 * 1024, ge=256)
+    # One log line's message: longer ones are cut, with a marker.
+    max_log_line_bytes: int = Field(default=16 * 1024, ge=256)
 
     # Spark consumers (spark_jobs): any master URL works (local[*], spark://, yarn, k8s://).
     spark_master: str = "local[*]"
