@@ -35,6 +35,7 @@ from psycopg.types.json import Jsonb
 from outboxq.db import DictConnection, one_row
 from outboxq.errors import InvalidInput, LeaseLost, OutputTableMismatch
 from outboxq.queue import sql as job_sql
+from outboxq.queue import storable
 from outboxq.queue.backoff import RetryPolicy
 from outboxq.queue.sql import spark as spark_sql
 from outboxq.spark_jobs import columnar
@@ -45,6 +46,7 @@ OUTPUT_TABLE_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 # Output tables live in a schema of their own, never beside (or as) outboxq's tables.
 DEFAULT_RESULTS_SCHEMA = "outboxq_results"
 DELIVERY_HASH_COLUMN = "delivery_hash"
+MAX_ERROR_BYTES = 64 * 1024  # a failed job's error text and traceback, each (the workers' default bound)
 
 # The steps at which the consumer calls its on_step hook (where a crash is worth testing).
 STEP_AFTER_SNAPSHOT = "after_snapshot"
@@ -451,7 +453,9 @@ def _fail_jobs(
     if not failed_jobs:
         return 0
     ids = sorted(failed_jobs)
-    errors = [failed_jobs[i][:10_000] for i in ids]
+    # (a processor's error text may hold what PostgreSQL cannot store, NUL say: escaped and cut, not refused)
+    errors = [storable.diagnostic_text(failed_jobs[i], MAX_ERROR_BYTES) for i in ids]
+    traceback = storable.diagnostic_text(traceback, MAX_ERROR_BYTES)
     if error_queue:  # a handled error: the job is dead at once, its payload and error in the error queue
         _execute(conn, spark_sql.spark_error_queue_insert, {
             "ids": ids, "errors": errors, "lease_token": snapshot.lease_token,
@@ -499,6 +503,6 @@ def fail_snapshot(
 
 def describe_exception(exc: BaseException) -> tuple[str, str]:
     """(one-line message, traceback text) of an exception, for jobs' last_error and history."""
-    message = f"{type(exc).__name__}: {exc}".strip()
+    message = f"{type(exc).__name__}: {storable.safe_str(exc)}".strip()
     first_line = message.splitlines()[0] if message else type(exc).__name__
     return first_line[:2000], "".join(traceback_module.format_exception(exc))[-20_000:]

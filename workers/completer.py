@@ -15,7 +15,7 @@ import psycopg
 
 from outboxq.db import DictConnection
 from outboxq.queue import limits as flow_limits
-from outboxq.queue import sql
+from outboxq.queue import sql, storable
 from outboxq.workers.dispatcher import Dispatcher, Handover
 from outboxq.workers.executor import Outcome, completion_params
 from outboxq.workers.state import RECONNECT_DELAY_S, WorkerState
@@ -60,9 +60,7 @@ class Completer:
                 try:
                     if conn is None or conn.closed:
                         conn = self._connect()
-                    self.write(conn, pending)
-                    s.metrics.jobs_finished(pending)
-                    pending = []
+                    self.write_isolating(conn, pending)  # (empties `pending` as it writes)
                 except psycopg.Error as exc:
                     log.warning("completer: database error (%s); retrying", exc)
                     if conn is not None:
@@ -91,11 +89,76 @@ class Completer:
             raise
         return conn
 
+    def write_isolating(self, conn: DictConnection, pending: list[Outcome]) -> None:
+        """Write the outcomes, removing each from `pending` once written. An outcome whose write PostgreSQL (or
+        the driver) refuses is isolated by halving the batch, and written instead as a failure of its job alone
+        ("outcome not storable: ..."), so one bad value never holds back the others. A lost connection is
+        raised, with the outcomes not yet written left in `pending`."""
+        try:
+            self.write(conn, pending)
+        except Exception as exc:
+            if _connection_lost(conn, exc):
+                raise
+            if len(pending) == 1:
+                self._write_unstorable(conn, pending[0], exc)
+            else:
+                middle = len(pending) // 2
+                first, second = pending[:middle], pending[middle:]
+                try:
+                    self.write_isolating(conn, first)
+                    self.write_isolating(conn, second)
+                finally:
+                    pending[:] = first + second  # (what neither half wrote yet)
+            return
+        self.state.metrics.jobs_finished(pending)
+        pending.clear()
+
+    def _write_unstorable(self, conn: DictConnection, outcome: Outcome, exc: Exception) -> None:
+        """Write, as a failed attempt, an outcome whose own write was refused; when even that is refused (a
+        fault of ours rather than of the value), leave the job to the rescue of its lease."""
+        s = self.state
+        reason = storable.diagnostic_text(f"outcome not storable: {type(exc).__name__}: {storable.safe_str(exc)}",
+                                          s.settings.max_error_bytes)
+        log.error("job %s: its outcome (%s) was refused by the database; failing the attempt: %s",
+                  outcome.job.id, outcome.label, reason)
+        failure = Outcome(job=outcome.job, succeeded=False, error=reason, duration_s=outcome.duration_s)
+        try:
+            self.write(conn, [failure])
+        except Exception as again:
+            if _connection_lost(conn, again):
+                raise
+            log.exception("job %s: even its failure could not be written; its lease will expire and the job "
+                          "be rescued", outcome.job.id)
+            with s.lock:
+                s.in_flight.pop(outcome.job.id, None)
+            return
+        s.metrics.jobs_finished([failure])
+
+    def bounded(self, outcome: Outcome) -> Outcome:
+        """The outcome within the bounds of the settings: a result over max_result_bytes fails its attempt
+        (a completed-in-transaction job keeps no result), error text and traceback are escaped and cut."""
+        settings = self.state.settings
+        if outcome.result_json is not None and len(outcome.result_json) * 4 > settings.max_result_bytes:
+            try:  # (UTF-8 takes at most 4 bytes a character: most results need no count)
+                storable.check_result_size(outcome.result_json, settings.max_result_bytes)
+            except storable.NotStorable as exc:
+                outcome.result_json, outcome.result = None, None
+                if outcome.completed_in_transaction:
+                    log.error("job %s: result not stored: %s", outcome.job.id, exc)
+                else:
+                    outcome.succeeded, outcome.error = False, f"result not storable: {exc}"
+        if outcome.error is not None:
+            outcome.error = storable.diagnostic_text(outcome.error, settings.max_error_bytes)
+        if outcome.traceback is not None:
+            outcome.traceback = storable.diagnostic_text(outcome.traceback, settings.max_traceback_bytes)
+        return outcome
+
     def write(self, conn: DictConnection, outcomes: list[Outcome]) -> None:
         """Write every outcome in one transaction: one statement completes all the successes (and, for a queue
         that hands its slots over, claims its next jobs into them). Where that is the only statement, it is the
         whole transaction on the completer's autocommit connection: one round trip."""
         s = self.state
+        outcomes = [self.bounded(o) for o in outcomes]
         to_complete = [o for o in outcomes if o.succeeded and not o.completed_in_transaction and not o.fenced]
         with_results = [o for o in outcomes if o.succeeded and not o.fenced and o.result_json is not None]
         to_end = [o for o in outcomes if not o.fenced and not o.succeeded]  # failed, snoozed, cancelled
@@ -211,3 +274,17 @@ class Completer:
         s.stats["fenced"] += 1
         (outcome.job.ctx.log if outcome.job.ctx is not None else log).warning("job %s: %s refused, this worker was fenced (its lease %s was taken away)",
                     outcome.job.id, what, outcome.job.lease_token)
+
+
+def _connection_lost(conn: DictConnection, exc: BaseException) -> bool:
+    """True when the write failed because the session is gone or in trouble (retry it on a new connection),
+    False when the database refused what was written (isolate the outcome that caused it)."""
+    if conn.closed or isinstance(exc, psycopg.InterfaceError):
+        return True
+    # Connection exceptions, rollbacks (deadlock, serialization), resources, operator intervention, system
+    # errors; not program limits (class 54: a value nested too deeply for jsonb), which is the value's fault.
+    sqlstate = getattr(exc, "sqlstate", None)
+    return isinstance(exc, psycopg.OperationalError) and (sqlstate is None or sqlstate[:2] in _RETRIED_CLASSES)
+
+
+_RETRIED_CLASSES = frozenset({"08", "40", "53", "57", "58"})

@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 
 from outboxq.errors import InvalidInput, LeaseLost
-from outboxq.queue import sql
+from outboxq.queue import sql, storable
 
 log = logging.getLogger("outboxq.worker")
 
@@ -87,6 +87,8 @@ class JobContext:
         if message is not None and (not isinstance(message, str) or len(message) > MAX_PROGRESS_MESSAGE):
             raise InvalidInput(f"the progress message must be a string of at most {MAX_PROGRESS_MESSAGE} "
                                "characters")
+        # (a message only describes: what PostgreSQL cannot hold is escaped rather than refused)
+        message = storable.diagnostic_text(message, 4 * MAX_PROGRESS_MESSAGE)
         if self._connection_factory is None:
             raise RuntimeError("ctx.set_progress() needs a worker (or outboxq.testing) to provide connections")
         conn = self._connection_factory()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import sys
 import threading
@@ -16,6 +15,8 @@ from outboxq import tracing
 from outboxq.db import array_literal
 from outboxq.errors import LeaseLost, Snooze
 from outboxq.queue import context as job_context
+from outboxq.queue import storable
+from outboxq.queue.storable import safe_str
 from outboxq.workers.context import JobContext
 from outboxq.workers.registry import Consumer
 
@@ -158,10 +159,10 @@ def _execute(job: ClaimedJob, async_loop: AsyncLoop | None) -> Outcome:
             else:
                 result = consumer.handler(*args)
     except LeaseLost as exc:
-        ctx.log.warning("job %s fenced: %s", job.id, exc)
-        return _outcome(job, False, error=str(exc), fenced=True)
+        ctx.log.warning("job %s fenced: %s", job.id, safe_str(exc))
+        return _outcome(job, False, error=safe_str(exc), fenced=True)
     except Snooze as snooze:
-        outcome = _outcome(job, False, error=str(snooze))
+        outcome = _outcome(job, False, error=safe_str(snooze))
         outcome.snooze_s = snooze.seconds
         return outcome
     except Exception as exc:
@@ -169,18 +170,31 @@ def _execute(job: ClaimedJob, async_loop: AsyncLoop | None) -> Outcome:
             ctx.log.info("job %s: unique violation treated as success (idempotent_conflicts)", job.id)
             return _outcome(job, True)
         if ctx.cancelled and not ctx.fenced:
-            return _outcome(job, False, error=f"cancelled: {exc!r}", cancelled=True)
-        return _outcome(job, False, error=f"{type(exc).__name__}: {exc}", tb=traceback.format_exc())
+            return _outcome(job, False, error=f"cancelled: {type(exc).__name__}: {safe_str(exc)}", cancelled=True)
+        return _outcome(job, False, error=f"{type(exc).__name__}: {safe_str(exc)}", tb=_traceback())
     if ctx.cancelled and not ctx.completed_in_transaction and not ctx.fenced:
         return _outcome(job, False, error="cancelled while running", cancelled=True, result=result)
     outcome = _outcome(job, True, result=result)
     if result is not None:
+        # Checked here, in the handler's thread: a result PostgreSQL would refuse fails this attempt alone
+        # (its size bound is the completer's, which knows the settings).
         try:
-            outcome.result_json = json.dumps(result, separators=(",", ":"), allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            return _outcome(job, False, error=f"the handler's return value is not JSON-serialisable ({exc}); "
-                            "return JSON values (dict, list, str, number, bool) or None")
+            outcome.result_json = storable.result_json(result)
+        except storable.NotStorable as exc:
+            if outcome.completed_in_transaction:  # (its effects and completion are committed: keep them)
+                ctx.log.error("job %s: result not stored: %s", job.id, exc)
+                outcome.result = None
+                return outcome
+            return _outcome(job, False, error=f"result not storable: {exc}")
     return outcome
+
+
+def _traceback() -> str:
+    """The current exception's traceback; a description when formatting it fails (a hostile __repr__)."""
+    try:
+        return traceback.format_exc()
+    except Exception as exc:  # noqa: BLE001
+        return f"(the traceback could not be formatted: {type(exc).__name__})"
 
 
 def _outcome(job: ClaimedJob, ok: bool, *, error: str | None = None, tb: str | None = None,
