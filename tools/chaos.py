@@ -32,7 +32,11 @@ from outboxq import enqueue
 from outboxq.db import url_with_database, url_with_user
 from outboxq.queue.migrate import upgrade
 from outboxq.queue.roles import create_app_role, drop_app_role
-from outboxq.tools.chaos_handlers import CHAOS_LEASE_S, EFFECTS_TABLE_DDL
+
+# tools/chaos_handlers.py (and the other scenarios' handler modules) are imported where a scenario uses them,
+# never here: the CLI imports this module to register `outboxq chaos`, and a handler module imported at that
+# point would add its @consumer queues to every `outboxq worker` (load_handler_modules serves the whole
+# default registry).
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER_APP_NAME = "outboxq-chaos-worker"
@@ -134,6 +138,8 @@ class Scenario:
         self.server_url = server
         self.url = url_with_database(server, name)
         upgrade(self.url)
+        from outboxq.tools.chaos_handlers import EFFECTS_TABLE_DDL
+
         # Workers and the API run as the least-privilege role, as a deployment should.
         self.app_role = f"outboxq_chaos_app_{self.run}"
         with psycopg.connect(self.url, autocommit=True) as conn:
@@ -147,6 +153,8 @@ class Scenario:
             self._start_api()
 
     def _env(self) -> dict[str, str]:
+        from outboxq.tools.chaos_handlers import CHAOS_LEASE_S
+
         return {**os.environ, "DATABASE_URL": self.app_url, "PYTHONPATH": str(ROOT),
                 "OUTBOXQ_POLL_INTERVAL": "0.2", "OUTBOXQ_LEASE_S": str(CHAOS_LEASE_S),
                 # rescue uses the settings' backoff: keep the scenario's retries quick
@@ -285,6 +293,8 @@ class Scenario:
         restart_embedded(self.pgdata)
 
     def _fault_zombie(self) -> None:
+        from outboxq.tools.chaos_handlers import CHAOS_LEASE_S
+
         # Freeze a worker that holds running jobs, so that it has late writes to be refused.
         by_pid = {w.pid: w for w in self.workers}
         with psycopg.connect(self.url, autocommit=True) as conn:
@@ -468,7 +478,7 @@ def format_report(report: ChaosReport) -> str:
     return "\n".join(lines)
 
 
-SCENARIO_CHOICES = ("jobs", "periodic", "limits", "spark", "all")
+SCENARIO_CHOICES = ("jobs", "periodic", "limits", "poison", "spark", "all")
 
 
 def cmd_chaos(args: argparse.Namespace) -> int:
@@ -485,7 +495,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
 
 
 def _cmd_more(args: argparse.Namespace) -> int:
-    """--scenario periodic|limits|spark|all: the added scenarios (tools/chaos_more.py), one table row each."""
+    """--scenario periodic|limits|poison|spark|all: the added scenarios (tools/chaos_more.py), a row each."""
     from outboxq.tools.chaos_more import MoreConfig, format_results, row_of_default, run_more
 
     out = sys.stderr if args.json else sys.stdout
@@ -498,9 +508,10 @@ def _cmd_more(args: argparse.Namespace) -> int:
         print(format_report(report), file=out)
         results.append(row_of_default(report))
     config = MoreConfig(workers=args.workers, duration_s=args.duration, limit_jobs=args.limit_jobs,
-                        spark_jobs=args.spark_jobs, fault_interval_s=args.fault_interval, timeout_s=args.timeout,
-                        seed=args.seed, database_url=args.database_url)
-    for name in ("periodic", "limits", "spark") if args.scenario == "all" else (args.scenario,):
+                        poison_jobs=args.poison_jobs, spark_jobs=args.spark_jobs,
+                        fault_interval_s=args.fault_interval, timeout_s=args.timeout, seed=args.seed,
+                        database_url=args.database_url)
+    for name in ("periodic", "limits", "poison", "spark") if args.scenario == "all" else (args.scenario,):
         results.append(run_more(name, config, out=out))
     print(json.dumps([r.to_dict() for r in results], indent=2, default=str) if args.json
           else format_results(results))
@@ -512,11 +523,14 @@ def register(sub: Any) -> None:
     p = sub.add_parser("chaos", help="fault-injection scenario: nothing lost, nothing run twice")
     p.add_argument("--scenario", choices=SCENARIO_CHOICES, default="jobs",
                    help="jobs (the default: plain jobs), periodic (schedules), limits (concurrency limits), "
-                   "spark (two drivers, one killed), or all of them")
+                   "poison (handlers returning and raising hostile values), spark (two drivers, one killed), "
+                   "or all of them")
     p.add_argument("--jobs", type=int, default=20_000)
     p.add_argument("--duration", type=float, default=60.0,
-                   help="periodic and limits: seconds of faults")
+                   help="periodic, limits and poison: seconds of faults")
     p.add_argument("--limit-jobs", type=int, default=1200, help="limits: jobs enqueued over --duration")
+    p.add_argument("--poison-jobs", type=int, default=2000,
+                   help="poison: jobs enqueued over --duration, one in ten poisoned")
     p.add_argument("--spark-jobs", type=int, default=600, help="spark: jobs for the two drivers")
     p.add_argument("--workers", type=int, default=3)
     p.add_argument("--http-fraction", type=float, default=0.1)

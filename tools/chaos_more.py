@@ -1,4 +1,5 @@
-"""More `outboxq chaos` scenarios: periodic schedules, flow-control limits and Spark drivers under faults.
+"""More `outboxq chaos` scenarios: periodic schedules, flow-control limits, poisoned handlers and Spark drivers
+under faults.
 
 Each runs on its own database (on the private embedded server unless --database-url is given), reuses the
 default scenario's processes and faults (tools/chaos.py: SIGKILL of a worker, pg_terminate_backend of its
@@ -15,6 +16,12 @@ connections, a PostgreSQL restart, a worker frozen past its lease) and adds its 
   valid lease at once (a killed or frozen worker's job holds its slot until its lease expires, and again if a
   heartbeat renews it); the handlers' own start/end rows give how many ran at once (an attempt with no end
   ends with its last valid lease). Neither may exceed the limit; no job lost, no effect written twice.
+- poison: ordinary jobs with, one in ten, jobs whose handler returns or raises a hostile value (a NUL
+  character, a lone surrogate, NaN and Infinity, values JSON cannot encode, a 3 MB result, a 1 MB error, 10,000
+  nested lists, an exception that cannot be printed: tools/chaos_poison_handlers.py), on the same workers,
+  under kills, cuts, restarts and zombies. Checked: every ordinary job done with its effect written exactly
+  once; every poisoned job dead with its last_error stored (none left running or retrying), and for each
+  kind at least one ended by its own outcome (not only by rescues), so the worker wrote what the poison made.
 - spark: two `outboxq spark run` drivers of one processor (order_lines: one result row per job) on one queue;
   one is SIGKILLed (its process group: driver and JVM) while it holds an undelivered batch, the other's
   connections are cut meanwhile. Checked: every job done, each job's row delivered exactly once with its exact
@@ -59,6 +66,7 @@ class MoreConfig:
     workers: int = 3
     duration_s: float = 60.0  # periodic and limits: how long the faults go on
     limit_jobs: int = 1200  # limits: jobs trickled over duration_s
+    poison_jobs: int = 2000  # poison: jobs trickled over duration_s, one in POISON_EVERY poisoned
     spark_jobs: int = 600
     spark_batch_size: int = 20
     fault_interval_s: float = 2.0
@@ -553,6 +561,177 @@ class LimitsScenario(_WorkerScenario):
         return ""
 
 
+# -------------------------------------------------------------------------------------------- poison
+
+POISON_EVERY = 10  # one job in ten is poisoned
+RESCUE_ERROR_PREFIX = "lease expired"  # the last_error rescue writes (workers/maintenance/rescue.py)
+
+
+class PoisonScenario(_WorkerScenario):
+    """Handlers that return and raise hostile values among ordinary jobs, under faults: the ordinary jobs run
+    exactly once, the poisoned ones end dead with their error stored, and no worker is wedged by them."""
+
+    name = "poison"
+    handlers = "outboxq.tools.chaos_poison_handlers"
+    fault_kinds = ("kill", "terminate", "pg_restart", "zombie")
+
+    def ddl(self) -> list[str]:
+        # (imported here, not at the top: the poison consumers register only where this scenario runs)
+        from outboxq.tools.chaos_poison_handlers import RUNS_DDL
+
+        return [RUNS_DDL, f'GRANT INSERT ON chaos_poison_runs TO "{self.app_role}"']
+
+    def _produce(self) -> None:
+        """Trickle poison_jobs over most of the duration; every POISON_EVERY-th is poisoned, its kind taken in
+        turn (so that each kind has its share however small the run)."""
+        from outboxq.tools.chaos_poison_handlers import OK_QUEUE, POISON_QUEUE, POISONS
+
+        kinds = list(POISONS)
+        total, made = self.more.poison_jobs, 0
+        step_s = 0.2
+        per_step = max(1, int(total / max(1.0, self.more.duration_s * 0.75 / step_s)))
+        conn: psycopg.Connection | None = None
+        while made < total:
+            rows = []
+            for i in range(made, min(made + per_step, total)):
+                tag = f"{self.run}-{uuid.uuid4().hex[:12]}"
+                if i % POISON_EVERY == POISON_EVERY - 1:
+                    rows.append((POISON_QUEUE, {"tag": tag, "kind": kinds[i // POISON_EVERY % len(kinds)]}))
+                else:  # some work longer, so that killed and frozen workers hold ordinary jobs mid-handler
+                    rows.append((OK_QUEUE, {"tag": tag, "work_ms": 200 if self.rng.random() < 0.05 else 2}))
+            try:
+                if conn is None or conn.closed:
+                    conn = psycopg.connect(self.app_url)
+                for queue in (OK_QUEUE, POISON_QUEUE):
+                    payloads = [p for q, p in rows if q == queue]
+                    if payloads:
+                        enqueue_many(conn, queue, payloads)
+                conn.commit()
+                with self._lock:
+                    self.committed.update({p["tag"]: q for q, p in rows})
+                made += len(rows)
+            except psycopg.OperationalError:
+                with self._lock:  # fate unknown when the commit itself was cut: never counted as lost
+                    self.maybe_committed.update(p["tag"] for _, p in rows)
+                if conn is not None:
+                    conn.close()
+                conn = None
+            time.sleep(step_s)
+        if conn is not None:
+            conn.close()
+
+    def execute(self) -> ScenarioResult:
+        started = time.monotonic()
+        self.setup()
+        self.start_workers()
+        faults = self.fault_thread()
+        producer = threading.Thread(target=self._produce)
+        faults.start()
+        producer.start()
+        producer.join()
+        self._stop_faults.wait(max(0.0, self.more.duration_s - (time.monotonic() - started)))
+        self._stop_faults.set()
+        faults.join()
+        deadline = time.monotonic() + self.config.timeout_s
+        while time.monotonic() < deadline:
+            try:
+                with psycopg.connect(self.url) as conn:
+                    if not conn.execute("SELECT count(*) FROM outboxq_jobs "
+                                        "WHERE status NOT IN ('done', 'dead', 'cancelled')").fetchone()[0]:
+                        break
+            except psycopg.OperationalError:
+                pass
+            time.sleep(0.5)
+        # A worker the faults did not kill has no reason to exit: one that did was brought down by a poison.
+        exited = [(i, w.returncode) for i, w in enumerate(self.workers) if w.poll() is not None]
+        self._stop_processes()
+        self.finish(started)
+        self._check(exited)
+        return self.result
+
+    def _worker_logs(self) -> tuple[int, str, int]:
+        """From the workers' logs: the completer's failed writes (how many, and the last one's message, cut)
+        and the exceptions that escaped a thread. A worker wedged by a poison shows here."""
+        write_errors, last, escaped = 0, "", 0
+        for path in sorted(self.log_dir.glob("worker-*.log")):
+            for line in path.read_text(errors="replace").splitlines():
+                if "completer: database error" in line:
+                    write_errors += 1
+                    last = line[:200]
+                elif line.startswith("Exception in thread"):
+                    escaped += 1
+        return write_errors, last, escaped
+
+    def _check(self, exited: list[tuple[int, int | None]]) -> None:
+        from outboxq.tools.chaos_poison_handlers import OK_QUEUE, POISON_MAX_ATTEMPTS, POISON_QUEUE, POISONS
+
+        r = self.result
+        with psycopg.connect(self.url) as conn:
+            # The error text is read cut (a poisoned one may be megabytes before the bounds apply).
+            jobs = conn.execute(
+                "SELECT id, payload->>'tag', payload->>'kind', queue, status, attempts, left(last_error, 80), "
+                "coalesce(octet_length(last_error), 0), result IS NOT NULL FROM outboxq_jobs").fetchall()
+            effects = Counter(t for (t,) in conn.execute("SELECT tag FROM chaos_effects").fetchall())
+            runs = Counter(conn.execute("SELECT job_id, attempt FROM chaos_poison_runs").fetchall())
+        tags = {job[1] for job in jobs}
+        ordinary = [job for job in jobs if job[3] == OK_QUEUE]
+        poisoned = [job for job in jobs if job[3] == POISON_QUEUE]
+        r.jobs = len(self.committed)
+        r.lost = sum(1 for tag in self.committed if tag not in tags)
+        unknown = sum(1 for tag in tags if tag not in self.committed and tag not in self.maybe_committed)
+        if unknown:
+            r.problems.append(f"{unknown} jobs exist that no producer committed")
+
+        # Ordinary jobs: done, their effect written exactly once (only their handler writes effects).
+        r.duplicated = sum(n - 1 for n in effects.values() if n > 1)
+        not_done = [job for job in ordinary if job[4] != "done"]
+        missing = sum(1 for job in ordinary if job[4] == "done" and not effects[job[1]])
+        if missing:
+            r.problems.append(f"{missing} ordinary jobs done without their effect")
+
+        # Poisoned jobs: dead with an error stored. Their runs are counted but not judged as duplicates: each
+        # attempt (rescues use attempts too) runs at most once, so at most POISON_MAX_ATTEMPTS runs a job.
+        ended = {job[0] for job in poisoned if job[4] == "dead" and job[7] > 0}
+        unresolved = [job for job in poisoned if job[0] not in ended]
+        r.not_finished = len(not_done) + len(unresolved)
+        runs_per_job = Counter(job_id for job_id, _ in runs.elements())
+        r.details += [
+            ("ordinary jobs: done / with their result stored", f"{len(ordinary) - len(not_done)} / "
+                                                               f"{sum(1 for job in ordinary if job[8])}"),
+            ("poisoned jobs", len(poisoned)),
+            ("poisoned jobs ended dead with last_error stored", len(ended)),
+            ("poisoned runs: total, most for one job (max_attempts), attempts run twice, jobs never run",
+             f"{sum(runs.values())}, {max(runs_per_job.values(), default=0)} ({POISON_MAX_ATTEMPTS}), "
+             f"{sum(n - 1 for n in runs.values() if n > 1)}, "
+             f"{sum(1 for job in poisoned if not runs_per_job[job[0]])}"),
+            ("longest last_error stored (bytes)", max((job[7] for job in jobs), default=0)),
+        ]
+        for kind in POISONS:
+            of_kind = [job for job in poisoned if job[2] == kind]
+            own = [job for job in of_kind if job[0] in ended and not job[6].startswith(RESCUE_ERROR_PREFIX)]
+            r.details.append((f"  {kind}", f"{len(of_kind)} jobs, {len(own)} dead by their own outcome"
+                              + (f" (last_error {own[0][6][:48]!r})" if own else "")))
+            if not of_kind:
+                r.problems.append(f"poison {kind}: no job enqueued (more --poison-jobs)")
+            elif not own:  # only rescues ended them: the worker never wrote what this poison made
+                r.problems.append(f"poison {kind}: no job ended by its own outcome")
+        if unresolved:
+            r.details.append(("unresolved (id, queue, kind, status, attempts, last_error)",
+                              repr([(job[0], job[3], job[2], job[4], job[5], job[6]) for job in unresolved[:5]])))
+        if not_done:
+            r.details.append(("ordinary jobs not done (id, status, attempts, last_error)",
+                              repr([(job[0], job[4], job[5], job[6]) for job in not_done[:5]])))
+        write_errors, last, escaped = self._worker_logs()
+        r.details.append(("completer write errors logged (last)", f"{write_errors} ({last})" if last else 0))
+        r.details.append(("exceptions that escaped a worker thread", escaped))
+        r.details.append(("fenced (zombie) writes refused", self.report.zombie_writes_refused))
+        for index, code in exited:
+            r.problems.append(f"worker {index} exited by itself (exit code {code})")
+        for name in ("lost", "duplicated", "not_finished"):
+            if getattr(r, name):
+                r.problems.append(f"{name}: {getattr(r, name)}")
+
+
 # --------------------------------------------------------------------------------------------- spark
 
 
@@ -714,7 +893,8 @@ def _line_total(payload: dict) -> float:
     return float(payload["amount"]) * int(payload["quantity"])
 
 
-SCENARIOS = {"periodic": PeriodicScenario, "limits": LimitsScenario, "spark": SparkScenario}
+SCENARIOS = {"periodic": PeriodicScenario, "limits": LimitsScenario, "poison": PoisonScenario,
+             "spark": SparkScenario}
 
 
 def run_more(name: str, config: MoreConfig, out=sys.stdout) -> ScenarioResult:

@@ -1,5 +1,5 @@
-"""`outboxq chaos` scenarios in short configurations: faults injected while jobs, schedules, limited queues and
-Spark drivers run, and every invariant checked."""
+"""`outboxq chaos` scenarios in short configurations: faults injected while jobs, schedules, limited queues,
+poisoned handlers and Spark drivers run, and every invariant checked."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from outboxq.tools.chaos_more import (
     LimitsScenario,
     MoreConfig,
     PeriodicScenario,
+    PoisonScenario,
     format_results,
     lease_segments,
     max_at_once,
@@ -59,6 +60,21 @@ def test_limits_under_faults_are_never_exceeded_and_no_job_is_lost_or_run_twice(
     assert set(result.faults) == set(LimitsScenario.fault_kinds)
     assert result.jobs == 250 and result.lost == result.duplicated == result.not_finished == 0
     assert result.limit_exceeded == 0
+
+
+def test_poisoned_handlers_among_ordinary_jobs_under_faults_end_dead_with_their_error_and_wedge_nothing():
+    # 390 jobs: 39 poisoned, three of each of the 13 hostile kinds (NUL, lone surrogate, NaN, 3 MB, 1 MB error,
+    # 10,000 levels, unprintable exception...), among ordinary jobs on the same two workers.
+    result = run_more("poison", MoreConfig(workers=2, duration_s=8, poison_jobs=390, fault_interval_s=0.5,
+                                           timeout_s=120), out=io.StringIO())
+    print(format_results([result]))
+    # The check also fails when a kind never ended by its own outcome (only by rescues) or a worker exited.
+    assert result.ok, result.problems
+    assert set(result.faults) == set(PoisonScenario.fault_kinds)
+    assert result.jobs == 390 and result.lost == result.duplicated == result.not_finished == 0
+    details = dict(result.details)
+    # (more than 39 only where a batch whose commit was cut did commit)
+    assert details["poisoned jobs"] == details["poisoned jobs ended dead with last_error stored"] >= 39
 
 
 def test_the_limit_check_counts_a_lease_revived_after_expiry_and_a_killed_run_until_its_lease_ends():
