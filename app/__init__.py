@@ -27,6 +27,7 @@ from outboxq.errors import (
     SchemaOutOfDate,
     Snooze,
     UnknownDependency,
+    WorkerFailed,
 )
 from outboxq.queue.enqueue import (
     enqueue,
@@ -68,6 +69,7 @@ __all__ = [
     "SchemaOutOfDate",
     "Snooze",
     "UnknownDependency",
+    "WorkerFailed",
     "Worker",
     "consumer",
     "default_registry",

@@ -172,3 +172,9 @@ class PayloadTooLarge(ApiError):
 
 class Unavailable(ApiError):
     """503/429 (or no connection) still, after every retry."""
+
+
+class WorkerFailed(OutboxqError):
+    """A room of the worker failed beyond recovery: the worker stopped (`outboxq worker` exits 1)."""
+
+    code = "worker_failed"

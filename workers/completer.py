@@ -29,18 +29,29 @@ class Completer:
     def __init__(self, state: WorkerState, dispatcher: Dispatcher):
         self.state = state
         self.dispatcher = dispatcher  # its claims into the slots that completions free
+        # Outcomes taken from the queue and not yet written: kept here, so that a loop run again by its room's
+        # guard after an unexpected error writes them rather than losing them to their leases' expiry.
+        self.pending: list[Outcome] = []
+        self.conn: DictConnection | None = None
 
     def loop(self) -> None:
         """Write outcomes until the worker has finished and every outcome is written."""
+        try:
+            self._write_until_finished()
+        finally:  # (also when an unexpected error ends the loop: its guard runs it again on a new connection)
+            if self.conn is not None:
+                self.conn.close()
+                self.conn = None
+
+    def _write_until_finished(self) -> None:
         s = self.state
-        conn: DictConnection | None = None
+        pending = self.pending
         try:
             # Up front: the first outcomes do not wait for a new session (a connection, then the catalog reads
             # of its first statements: 12-15 ms after the first job of a global_concurrency=4 drain).
-            conn = self._connect()
+            self.conn = self._connect()
         except psycopg.Error as exc:
             log.warning("completer: cannot connect and prepare (%s); trying again when an outcome comes", exc)
-        pending: list[Outcome] = []
         give_up_at: float | None = None
         while True:
             try:
@@ -58,26 +69,24 @@ class Completer:
                     pending.append(more)
             if pending:
                 try:
-                    if conn is None or conn.closed:
-                        conn = self._connect()
-                    self.write_isolating(conn, pending)  # (empties `pending` as it writes)
+                    if self.conn is None or self.conn.closed:
+                        self.conn = self._connect()
+                    self.write_isolating(self.conn, pending)  # (empties `pending` as it writes)
                 except psycopg.Error as exc:
                     log.warning("completer: database error (%s); retrying", exc)
-                    if conn is not None:
-                        conn.close()
-                    conn = None
+                    if self.conn is not None:
+                        self.conn.close()
+                    self.conn = None
                     if s.finished.is_set():
                         # Shutting down with the database away: give up after a while; the leases will
                         # expire and the jobs be rescued.
                         give_up_at = give_up_at or time.monotonic() + 5.0
                         if time.monotonic() > give_up_at:
-                            break
+                            return
                     time.sleep(RECONNECT_DELAY_S)
                     continue
             if s.finished.is_set() and not pending and s.outcomes.empty():
-                break
-        if conn is not None:
-            conn.close()
+                return
 
     def _connect(self) -> DictConnection:
         """The completer's connection, its handover statement prepared (Dispatcher.prepare_handovers)."""
@@ -101,6 +110,7 @@ class Completer:
                 raise
             if len(pending) == 1:
                 self._write_unstorable(conn, pending[0], exc)
+                pending.clear()
             else:
                 middle = len(pending) // 2
                 first, second = pending[:middle], pending[middle:]
@@ -110,8 +120,9 @@ class Completer:
                 finally:
                     pending[:] = first + second  # (what neither half wrote yet)
             return
-        self.state.metrics.jobs_finished(pending)
-        pending.clear()
+        written = pending[:]
+        pending.clear()  # (first: what follows the commit must not make the loop write these again)
+        self.state.metrics.jobs_finished(written)
 
     def _write_unstorable(self, conn: DictConnection, outcome: Outcome, exc: Exception) -> None:
         """Write, as a failed attempt, an outcome whose own write was refused; when even that is refused (a

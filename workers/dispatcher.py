@@ -163,6 +163,10 @@ class Dispatcher:
                     conn.close()
                 conn = None
                 s.stopping.wait(RECONNECT_DELAY_S)
+            except BaseException:
+                if conn is not None:  # (the room's guard runs the loop again, on a new connection)
+                    conn.close()
+                raise
         if conn is not None:
             conn.close()
 

@@ -165,6 +165,9 @@ def _execute(job: ClaimedJob, async_loop: AsyncLoop | None) -> Outcome:
         outcome = _outcome(job, False, error=safe_str(snooze))
         outcome.snooze_s = snooze.seconds
         return outcome
+    except SystemExit as exc:  # (sys.exit() in a handler fails its job; it does not end the worker's thread)
+        return _outcome(job, False, error=f"SystemExit: the handler called exit({safe_str(exc.code)})",
+                        tb=_traceback())
     except Exception as exc:
         if consumer.idempotent_conflicts and is_unique_violation(exc):
             ctx.log.info("job %s: unique violation treated as success (idempotent_conflicts)", job.id)

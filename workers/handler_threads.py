@@ -31,7 +31,10 @@ class HandlerThreads:
 
     def spawn(self) -> None:
         """Start one more handler thread (at start, and in place of one left in an abandoned sync handler)."""
-        thread = threading.Thread(target=self._loop, name=f"{THREAD_PREFIX}-{next(self._names)}", daemon=True)
+        # (Under the room's guard: an error of the loop itself, not of a handler, which the executor turns into
+        # the job's outcome, is logged and the thread goes on taking jobs.)
+        loop = self.state.rooms.guard("handler", self._loop, self.state.draining)
+        thread = threading.Thread(target=loop, name=f"{THREAD_PREFIX}-{next(self._names)}", daemon=True)
         thread.start()
         self.threads.append(thread)
 

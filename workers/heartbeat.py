@@ -49,6 +49,10 @@ class Heartbeat:
                 if conn is not None:
                     conn.close()
                 conn = None
+            except BaseException:
+                if conn is not None:  # (the room's guard runs the loop again, on a new connection)
+                    conn.close()
+                raise
             if s.heartbeat_now.wait(tick):
                 s.heartbeat_now.clear()
                 last_heartbeat = 0.0

@@ -9,21 +9,26 @@ from collections.abc import Callable
 import psycopg
 
 from outboxq.queue.schema import NOTIFY_CHANNEL
+from outboxq.workers.rooms import Rooms
 
 log = logging.getLogger("outboxq.worker")
 
 
 class Listener:
-    """Calls `on_notify(queue)` for each notification on the outboxq channel, reconnecting when cut."""
+    """Calls `on_notify(queue)` for each notification on the outboxq channel, reconnecting when cut; its loop
+    runs under the room "listener" of `rooms` (its worker's, else its own)."""
 
-    def __init__(self, url: str, on_notify: Callable[[str], None], *, reconnect_delay_s: float = 0.5):
+    def __init__(self, url: str, on_notify: Callable[[str], None], *, reconnect_delay_s: float = 0.5,
+                 rooms: Rooms | None = None):
         self.url = url
         self.on_notify = on_notify
         self.reconnect_delay_s = reconnect_delay_s
         self._stopping = threading.Event()
         self._conn: psycopg.Connection | None = None
         self.ready = threading.Event()  # set once LISTEN is in place (tests wait for it before enqueueing)
-        self.thread = threading.Thread(target=self._run, name="outboxq-listener", daemon=True)
+        self.rooms = rooms or Rooms()
+        self.thread = threading.Thread(target=self.rooms.guard("listener", self._run, self._stopping),
+                                       name="outboxq-listener", daemon=True)
 
     def start(self) -> None:
         """Start listening in a background thread."""
@@ -52,3 +57,6 @@ class Listener:
                     return
                 log.warning("listener connection lost (%s); reconnecting", exc)
                 self._stopping.wait(self.reconnect_delay_s)
+            except BaseException:
+                self.ready.clear()  # (the room's guard runs the loop again: LISTEN is in place again once ready)
+                raise

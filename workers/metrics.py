@@ -36,6 +36,7 @@ class WorkerMetrics:
         self._in_flight: Callable[[], int] = lambda: 0
         self.registry = CollectorRegistry()
         self.registry.register(self)
+        self.host: str | None = None
         self.port: int | None = None
 
     def job_started(self, job: ClaimedJob) -> None:
@@ -95,6 +96,9 @@ class WorkerMetrics:
                                 value=self._in_flight())
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
-        """Serve /metrics on host:port from a daemon thread (0 picks a free port, then in `port`)."""
+        """Serve /metrics on host:port from a daemon thread (0 picks a free port, then in `port`; the address
+        it listens on in `host`)."""
+        # The loopback interface by default (prometheus-client's own default is every interface): the endpoint
+        # has no authentication, and its series name the queues and their load.
         server, _thread = start_http_server(port, addr=host, registry=self.registry)
-        self.port = server.server_port
+        self.host, self.port = str(server.server_address[0]), server.server_port

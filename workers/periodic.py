@@ -24,6 +24,10 @@ from outboxq.registry import Registry, default_registry
 MISSED_POLICIES = ("latest", "skip", "all")
 # missed="all" after a long outage: at most this many of the newest missed slots are run.
 MAX_CATCH_UP_SLOTS = 1000
+# periodic() computes this many slots from now before it accepts a schedule: one that never fires (a cron
+# expression of February 30th) or whose slots soon pass the last date Python holds (every= of 10,000 years)
+# is refused at import, rather than failing in every worker's scheduler at run time.
+CHECKED_SLOTS = 3
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -118,8 +122,26 @@ def periodic(queue: str, *, cron: str | None = None, every: timedelta | None = N
         raise InvalidInput(f"periodic {name!r}: the payload must be JSON ({exc})") from exc
     schedule = Schedule(name=name, queue=queue, cron=cron, every=every, payload=payload, timezone=timezone,
                         missed=missed)
+    _check_slots(schedule)
     (registry or default_registry).add_schedule(schedule)
     return schedule
+
+
+def _check_slots(schedule: Schedule) -> None:
+    """Refuse a schedule whose next CHECKED_SLOTS slots from now cannot be computed."""
+    slot = datetime.now(UTC)
+    try:
+        for _ in range(CHECKED_SLOTS):
+            slot = schedule.next_after(slot)
+    except Exception as exc:  # CroniterBadDateError (no date matches), OverflowError (past 9999), ...
+        if schedule.cron is not None:
+            what = f"cron {schedule.cron!r}"
+            fix = "a cron expression must match dates that exist (not February 30th)"
+        else:
+            what = f"every={schedule.every!r}"
+            fix = "every= must be short enough for its slots to be dates (before 10000)"
+        raise InvalidInput(f"periodic {schedule.name!r}: {what} has no next slot from now on "
+                           f"({type(exc).__name__}: {exc}); {fix}") from exc
 
 
 def all_schedules() -> list[Schedule]:

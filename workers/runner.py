@@ -13,6 +13,11 @@ share is in workers/state.py):
   worker at a time, chosen by an advisory lock);
 - the scheduler (workers/scheduler.py) enqueues the slots of the periodic schedules this worker defines;
 - the listener (workers/listener.py) LISTENs for new-work and cancel notifications.
+
+Every room's loop runs under the guard of the worker's Rooms (workers/rooms.py): an error it can recover from is
+logged with its traceback and the loop runs again after a short pause; a fatal one (a MemoryError, a room failing
+again and again) marks the room dead in health() and the worker's metrics and stops the worker: run() then
+raises WorkerFailed, and `outboxq worker` exits 1 for its supervisor to start a new process.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from outboxq.db import DictConnection, database_url, url_in_schema
+from outboxq.errors import WorkerFailed
 from outboxq.queue import limits as flow_limits
 from outboxq.queue import sql
 from outboxq.queue.schema import CANCEL_NOTICE
@@ -100,6 +106,8 @@ class Worker:
         self.listener: Listener | None = None
         self._threads: list[threading.Thread] = []
         self.metrics.track_in_flight(lambda: self.in_flight)
+        # A room that failed beyond recovery stops the worker; run() then says so (WorkerFailed).
+        self.state.rooms.on_fatal = self.request_stop
 
     # What callers and tests read of the worker: its configuration, counters and metrics live in its state.
     settings = property(lambda self: self.state.settings)
@@ -127,21 +135,23 @@ class Worker:
         # The dispatcher first: its connection and first claim are the path to the first job's start; spawned
         # after the other rooms it started connecting 13-17 ms later (first job 52 -> 45 ms after start() at the
         # median of 8 global_concurrency=4 traces; the claimed jobs wait in `work` for the handler threads).
-        self._spawn(self.dispatcher.loop, "outboxq-dispatcher")
+        self._spawn(self.dispatcher.loop, "dispatcher")
         for _ in range(s.concurrency):
             self.handlers.spawn()
-        self._spawn(self.completer.loop, "outboxq-completer")
-        self._spawn(self.heartbeat.loop, "outboxq-heartbeat")
+        # (A guarded completer that fails loses the outcomes its loop had taken and not yet written: their jobs
+        # are rescued when their leases expire.)
+        self._spawn(self.completer.loop, "completer")
+        self._spawn(self.heartbeat.loop, "heartbeat")
         if self.metrics_port is not None:
             s.metrics.serve(self.metrics_port)
         if self.run_maintenance:
             self.maintenance = Maintenance(s.url, s.settings, poll_interval=s.poll_interval,
-                                           worker_id=s.worker_id, registry=self.registry).start()
+                                           worker_id=s.worker_id, registry=self.registry, rooms=s.rooms).start()
         if self.listen:
-            self.listener = Listener(s.url, self._on_notify)
+            self.listener = Listener(s.url, self._on_notify, rooms=s.rooms)
             self.listener.start()
         if self.schedules:
-            self.scheduler = Scheduler(s.url, self.schedules).start()
+            self.scheduler = Scheduler(s.url, self.schedules, rooms=s.rooms).start()
         log.info("worker %s started: queues %s, concurrency %d, batch %d",
                  s.worker_id, ", ".join(s.consumers), s.concurrency, s.batch_size)
         return self
@@ -182,19 +192,36 @@ class Worker:
         return clean
 
     def run(self) -> None:
-        """Start and block until request_stop() (for example from SIGTERM), then stop gracefully."""
+        """Start and block until request_stop() (for example from SIGTERM), then stop gracefully.
+
+        Raises WorkerFailed when the worker stopped because one of its rooms failed beyond recovery (`outboxq
+        worker` then exits 1, and its supervisor starts a new process).
+        """
         self.start()
         while not self.state.stopping.wait(0.5):
             pass
         self.stop()
+        rooms = self.state.rooms.health()["rooms"]
+        failed = {room: h["last_error"] for room, h in rooms.items() if not h["alive"]}
+        if failed:
+            raise WorkerFailed(f"worker {self.worker_id} stopped: its " + ", ".join(
+                f"{room} failed beyond recovery ({error})" for room, error in failed.items()))
+
+    def health(self) -> dict[str, Any]:
+        """{"healthy": bool, "rooms": {room: {"alive", "failures", "last_error"}}}: healthy until a room dies
+        (outboxq_worker_room_up in the worker's metrics says the same)."""
+        return self.state.rooms.health()
 
     @property
     def in_flight(self) -> int:
         """Jobs this worker holds the lease of (claimed and not yet written back)."""
         return self.state.held()
 
-    def _spawn(self, target: Callable[[], None], name: str) -> None:
-        thread = threading.Thread(target=target, name=name, daemon=True)
+    def _spawn(self, loop: Callable[[], None], room: str) -> None:
+        """Run a room's loop on a thread of its own, under the room's guard (a pause after a failure is cut short
+        once the worker has finished: stop() is joining the threads)."""
+        thread = threading.Thread(target=self.state.rooms.guard(room, loop, self.state.finished),
+                                  name=f"outboxq-{room}", daemon=True)
         thread.start()
         self._threads.append(thread)
 

@@ -2,7 +2,9 @@
 
 Each room (dispatcher, handler threads, completer, heartbeat) owns its loop and its connection; what crosses
 from one room to another goes through this object, under its lock where a field is read and written by more
-than one thread.
+than one thread. Every room's loop, the scheduler's, listener's and maintenance's too, runs under the guard of
+workers/rooms.py, which keeps it running through the errors it can recover from and stops the worker on the
+others.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from outboxq.settings import Settings
 from outboxq.workers.executor import AsyncLoop, ClaimedJob, Outcome
 from outboxq.workers.metrics import WorkerMetrics
 from outboxq.workers.registry import Consumer
+from outboxq.workers.rooms import Rooms
 
 RECONNECT_DELAY_S = 0.5
 
@@ -71,6 +74,8 @@ class WorkerState:
 
         self.async_loop: AsyncLoop | None = None
         self.metrics = WorkerMetrics()
+        self.rooms = Rooms()
+        self.metrics.registry.register(self.rooms)
         self.stats = {"claimed": 0, "completed": 0, "failed": 0, "fenced": 0, "cancelled": 0}
         self._local = threading.local()
 

@@ -18,6 +18,7 @@ import pytest
 
 from outboxq import cli
 from outboxq.errors import InvalidInput
+from outboxq.workers import scheduler as scheduler_module
 from outboxq.workers.periodic import Schedule, periodic, slot_key
 from outboxq.workers.registry import Consumer
 from outboxq.workers.runner import Worker
@@ -177,7 +178,54 @@ def test_slot_arithmetic_and_missed_policies():
     ({"cron": "* * * * *", "timezone": "Mars/Olympus"}, "unknown timezone"),
     ({"cron": "* * * * *", "missed": "some"}, "missed must be"),
     ({"cron": "* * * * *", "payload": {1, 2}}, "must be JSON"),
+    # Valid expressions with no slot: computed at declaration, not in every worker's scheduler at run time.
+    ({"cron": "0 0 30 2 *"}, r"cron '0 0 30 2 \*' has no next slot from now on \(CroniterBadDateError"),
+    ({"cron": "0 0 0 31 4 *"}, r"cron '0 0 0 31 4 \*' has no next slot .* \(not February 30th\)"),
+    ({"every": timedelta(days=3650000)}, r"every=datetime.timedelta\(days=3650000\) has no next slot from now on "
+                                         r"\(OverflowError.*before 10000"),
 ])
 def test_bad_schedules_are_refused_with_what_to_fix(options, message):
     with pytest.raises(InvalidInput, match=message):
         periodic("q", name="bad", **options)
+
+
+def test_leap_days_and_long_periods_are_accepted():
+    assert periodic("q", name="leap", cron="0 0 29 2 *").cron == "0 0 29 2 *"
+    assert periodic("q", name="millennium", every=timedelta(days=365_000)).every == timedelta(days=365_000)
+
+
+class _FailsAtRunTime(Schedule):
+    """A schedule whose due slots cannot be computed (its next one can: it is written at start)."""
+
+    def slots_between(self, first, last, limit=1000):
+        raise RuntimeError("no slots today")
+
+
+def test_a_schedule_whose_slots_cannot_be_computed_is_left_out_and_the_others_fire(db_url, caplog, monkeypatch):
+    monkeypatch.setattr(scheduler_module, "SCHEDULE_RETRY_S", 0.5)
+    ran: list[str] = []
+    consumer = Consumer(queue="beat", handler=lambda payload, ctx: ran.append(ctx.key))
+    schedules = [
+        Schedule(name="beat", queue="beat", every=timedelta(seconds=1)),
+        # Made by hand, so never checked by periodic(): one fails at start, one each time it is due.
+        Schedule(name="february-30", queue="beat", cron="0 0 30 2 *"),
+        Schedule(name="far", queue="beat", every=timedelta(days=3650000)),
+        _FailsAtRunTime(name="flaky", queue="beat", every=timedelta(seconds=1)),
+    ]
+    worker = Worker([consumer], url=db_url, schedules=schedules, poll_interval=0.2).start()
+    try:
+        wait_for(lambda: len(ran) >= 3, timeout=10)
+        # Left out, then tried again after SCHEDULE_RETRY_S (and left out again).
+        wait_for(lambda: sum("periodic flaky" in r.getMessage() for r in caplog.records) >= 2, timeout=5)
+    finally:
+        worker.stop(timeout=5)
+    assert all(key.startswith("periodic:beat:") for key in ran)
+    errors = {r.getMessage().split(" (")[0]: r for r in caplog.records if r.levelname == "ERROR"}
+    assert set(errors) == {"periodic february-30", "periodic far", "periodic flaky"}, list(errors)
+    assert "CroniterBadDateError" in errors["periodic february-30"].getMessage()
+    assert "OverflowError" in errors["periodic far"].getMessage()
+    assert all(r.exc_info is not None for r in errors.values())
+    assert worker.health()["rooms"]["scheduler"] == {"alive": True, "failures": 0, "last_error": None}
+    with psycopg.connect(db_url) as c:
+        jobs = {r[0] for r in c.execute("SELECT key FROM outboxq_jobs")}
+    assert jobs and all(key.startswith("periodic:beat:") for key in jobs)

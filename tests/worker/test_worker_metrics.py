@@ -32,6 +32,7 @@ def test_worker_serves_counts_by_queue_and_outcome_and_durations(db_url):
     worker = Worker([get_consumer("metered")], url=db_url, poll_interval=0.1, metrics_port=0).start()
     try:
         port = worker.metrics.port
+        assert worker.metrics.host == "127.0.0.1"  # no authentication: never every interface by default
         done = ("outboxq_worker_jobs_finished_total", (("outcome", "succeeded"), ("queue", "metered")))
         failed = ("outboxq_worker_jobs_finished_total", (("outcome", "failed"), ("queue", "metered")))
         # Both outcomes counted: the completer may count the last failures in a later batch than the successes.

@@ -22,6 +22,7 @@ from outboxq.registry import Registry, default_registry
 from outboxq.settings import Settings
 from outboxq.workers.connected_thread import ConnectedThread
 from outboxq.workers.maintenance import promote, prune, rescue
+from outboxq.workers.rooms import Rooms
 
 log = logging.getLogger("outboxq.maintenance")
 
@@ -75,9 +76,10 @@ class Maintenance(ConnectedThread):
     """The maintenance thread of one worker: leads (holds the advisory lock) or waits to lead."""
 
     def __init__(self, url: str, settings: Settings, *, poll_interval: float, worker_id: str,
-                 services: list[Service] | None = None, registry: Registry | None = None):
+                 services: list[Service] | None = None, registry: Registry | None = None,
+                 rooms: Rooms | None = None):
         self.settings, self.worker_id = settings, worker_id
-        super().__init__(url, "outboxq-maintenance", log)
+        super().__init__(url, "maintenance", log, rooms)
         self.poll_interval = max(0.05, poll_interval)
         self.services = services if services is not None else default_services(
             self.poll_interval, rescue.policies_of(registry or default_registry, settings))
