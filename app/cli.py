@@ -8,9 +8,13 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from outboxq.errors import OutboxqError, SchemaOutOfDate
+
+if TYPE_CHECKING:
+    from outboxq.settings import Settings
 
 
 def _url() -> str:
@@ -72,17 +76,42 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the HTTP service."""
-    from outboxq.api.server import serve
+    import gc
+
+    import uvicorn
+
+    from outboxq.api import create_app
+    from outboxq.api.server import ensure_token, wait_for_database
     from outboxq.settings import get_settings
 
-    _current_url()
+    url = _current_url()
     settings = get_settings()
     if args.host:
         settings.host = args.host
     if args.port:
         settings.port = args.port
-    serve(settings)
+    # outboxq.api.server.serve's steps, with uvicorn's options from the settings (uvicorn_options).
+    ensure_token(settings)
+    wait_for_database(url, settings.db_wait_s)
+    app = create_app(settings)
+    gc.collect()
+    gc.freeze()  # what start-up built lives as long as the process: kept out of the collector's walks
+    uvicorn.run(app, **uvicorn_options(settings))
     return 0
+
+
+def uvicorn_options(settings: Settings) -> dict[str, Any]:
+    """The keyword arguments of uvicorn.run (uvicorn.Config) for `outboxq serve`.
+
+    X-Forwarded-For and X-Forwarded-Proto count only from the addresses in OUTBOXQ_FORWARDED_ALLOW_IPS: the
+    client address decides whom the failed-authentication throttle holds back, so a client that may set it
+    could pick another's. Empty (the default) trusts nobody, where uvicorn's own default trusts 127.0.0.1 and
+    FORWARDED_ALLOW_IPS from the environment.
+    """
+    trusted = [address.strip() for address in settings.forwarded_allow_ips.split(",") if address.strip()]
+    # (http and loop stay "auto": httptools and uvloop, dependencies of outboxq, where they install.)
+    return {"host": settings.host, "port": settings.port, "log_level": "info", "access_log": False,
+            "timeout_graceful_shutdown": 10, "proxy_headers": bool(trusted), "forwarded_allow_ips": trusted}
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -281,21 +310,81 @@ def cmd_stats(args: argparse.Namespace) -> int:
 def cmd_create_role(args: argparse.Namespace) -> int:
     """Create the least-privilege role one component (api, worker, spark, or all) runs as."""
     from outboxq.db import connect
-    from outboxq.queue.roles import PROFILES, create_app_role
+    from outboxq.queue.roles import PROFILES, create_app_role, lock_down_public, public_reach
     from outboxq.settings import get_settings
 
     settings = get_settings()
-    with connect(_current_url()) as conn:
-        create_app_role(conn, args.role, component=args.component, password=args.password,
-                        schema=settings.db_schema, results_schema=settings.spark_results_schema,
-                        statement_timeout_s=args.statement_timeout, connection_limit=args.connection_limit)
+    url = _current_url()
+    password = _role_password(args)
+    with connect(url) as conn:
+        created = create_app_role(conn, args.role, component=args.component, password=password,
+                                  schema=settings.db_schema, results_schema=settings.spark_results_schema,
+                                  statement_timeout_s=args.statement_timeout,
+                                  connection_limit=args.connection_limit, update_existing=args.update_existing)
+        locked = lock_down_public(conn) if args.lock_down_public else None
         conn.commit()
+        reach = public_reach(conn, args.role)
     profile = PROFILES[args.component]
-    print(f"role {args.role} created for {args.component}: it reads and writes outboxq's rows"
-          f"{'' if profile.deletes_everywhere else ' (deleting only queue limits)'}, changes no schema, "
-          f"statement_timeout {args.statement_timeout or profile.statement_timeout_s:g} s, at most "
-          f"{args.connection_limit or profile.connection_limit} connections")
+    print(f"role {args.role} {'created' if created else 'updated'} for {args.component}: it reads and writes "
+          f"outboxq's rows{'' if profile.deletes_everywhere else ' (deleting only queue limits)'}, changes no "
+          f"schema, statement_timeout {args.statement_timeout or profile.statement_timeout_s:g} s, at most "
+          f"{args.connection_limit or profile.connection_limit} connections"
+          f"{', no password' if created and password is None else ''}")
+    if locked is not None:
+        print("revoked from PUBLIC: TEMPORARY on this database"
+              + (f", CONNECT on {', '.join(locked)}" if locked else "")
+              + " (roles without a grant of their own, other than owners and superusers, lost them too)")
+    if reach:
+        can = (["create temporary tables in this database"] if reach.temporary else []) + (
+            [f"connect to {', '.join(reach.other_databases)}"] if reach.other_databases else [])
+        print(f"note: role {args.role} may still {' and '.join(can)}: PostgreSQL grants PUBLIC, so every role, "
+              "CONNECT and TEMPORARY on each database. --lock-down-public revokes them from PUBLIC (every role "
+              "of the server loses what it held only that way); pg_hba.conf can also keep the role to its "
+              "database.", file=sys.stderr)
     return 0
+
+
+# What `create-role --password VALUE` answers: a password given as an argument is seen by every user of the
+# machine (ps, /proc/PID/cmdline) and kept in the shell's history.
+PASSWORD_ARGUMENT_REFUSED = ("a password on the command line is visible to other users (ps) and kept in shell "
+                             "history: use --password-file PATH, --password-env NAME, or type it at the prompt "
+                             "(no password option, on a terminal)")
+
+
+class _RefusedPassword(argparse.Action):
+    """--password, refused whatever its value (PASSWORD_ARGUMENT_REFUSED)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        raise argparse.ArgumentError(self, PASSWORD_ARGUMENT_REFUSED)
+
+
+def _role_password(args: argparse.Namespace) -> str | None:
+    """The password of `create-role`: from --password-file, --password-env, or asked on a terminal (twice);
+    None (no password: the role logs in only where pg_hba.conf needs none) when stdin is no terminal or the
+    answer is empty."""
+    import getpass
+
+    if args.password_file:
+        try:
+            # A file written by echo or an editor ends with a newline, which is no part of the password.
+            password = Path(args.password_file).read_text(encoding="utf-8").rstrip("\r\n")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SystemExit(f"outboxq create-role: cannot read --password-file: {exc}") from None
+        source = f"the file {args.password_file}"
+    elif args.password_env:
+        password = os.environ.get(args.password_env, "")
+        source = f"the environment variable {args.password_env}"
+    elif sys.stdin.isatty():
+        password = getpass.getpass(f"password of role {args.role} (empty: none): ")
+        if password and getpass.getpass("the same again: ") != password:
+            raise SystemExit("outboxq create-role: the two passwords differ")
+        return password or None
+    else:
+        return None
+    if not password:
+        raise SystemExit(f"outboxq create-role: {source} holds no password")
+    return password
 
 
 # ---------------------------------------------------------------- parser
@@ -376,9 +465,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("role")
     p.add_argument("--for", dest="component", choices=["api", "worker", "spark", "all"], default="all",
                    help="the component that runs as this role (default all: every right any component uses)")
-    p.add_argument("--password")
+    secret = p.add_mutually_exclusive_group()
+    secret.add_argument("--password-file", metavar="PATH",
+                        help="read the role's password from this file (a trailing newline is dropped; a Docker "
+                             "secret, say). Without it or --password-env, asked on a terminal, else none")
+    secret.add_argument("--password-env", metavar="NAME",
+                        help="read the role's password from the environment variable NAME")
+    secret.add_argument("--password", nargs="?", action=_RefusedPassword, help=argparse.SUPPRESS)
     p.add_argument("--statement-timeout", type=float, help="seconds (default per component: 15, 60, 600)")
     p.add_argument("--connection-limit", type=int, help="default per component: api 40, worker 200, spark 40")
+    p.add_argument("--update-existing", action="store_true",
+                   help="when the role exists, bring it to this component's rights and limits (and the given "
+                        "password; without one it keeps its own) instead of failing: for a deployment that runs "
+                        "create-role at each start")
+    p.add_argument("--lock-down-public", action="store_true",
+                   help="also revoke from PUBLIC the TEMPORARY privilege on this database and CONNECT on every "
+                        "other database of the server, so that the role can neither create temporary tables nor "
+                        "connect elsewhere. PUBLIC is every role: those that held these only through PUBLIC lose "
+                        "them too (owners and superusers keep them). Meant for a server of outboxq's own")
     p.set_defaults(func=cmd_create_role)
 
     # Imported explicitly: a broken import is an error with its message. Each module imports its heavy

@@ -3,6 +3,8 @@ API (validated, kept in PostgreSQL, applied by a running worker)."""
 
 from __future__ import annotations
 
+import threading
+
 import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -99,21 +101,31 @@ class _RecordingWorker(Worker):
 
 
 def test_a_limit_set_through_the_api_takes_effect_on_a_running_worker(api, db_url):
-    worker = _RecordingWorker([Consumer("api-runtime", lambda payload: None)], url=db_url, poll_interval=0.05,
+    release, started = threading.Event(), []
+
+    def handler(payload):
+        started.append(payload["n"])
+        release.wait(30)
+
+    worker = _RecordingWorker([Consumer("api-runtime", handler)], url=db_url, poll_interval=0.05,
                               run_maintenance=False, listen=False).start()
     try:
-        assert api.put("/v1/queues/api-runtime/limits", json={"global_concurrency": 0}).status_code == 200
-        # The worker applies the limit within its refresh interval; from then on its claims take nothing.
+        assert api.put("/v1/queues/api-runtime/limits", json={"global_concurrency": 1}).status_code == 200
+        # The worker applies the limit within its refresh interval; from then on it runs one job at a time.
         wait_for(lambda: worker.limited_claims, timeout=2 * limits.LIMITS_REFRESH_S + 2)
         with psycopg.connect(db_url) as conn:
-            held = enqueue_many(conn, "api-runtime", [{"n": 1}])
+            held = enqueue_many(conn, "api-runtime", [{"n": 1}, {"n": 2}])
             conn.commit()
+        wait_for(lambda: started)
         claims_before = len(worker.limited_claims)
         wait_for(lambda: len(worker.limited_claims) >= claims_before + 3)
-        assert _status(db_url, held[0].id) == "queued" and worker.stats["claimed"] == 0
-        assert api.put("/v1/queues/api-runtime/limits", json={"global_concurrency": 1}).status_code == 200
-        wait_for(lambda: _status(db_url, held[0].id) == "done", timeout=2 * limits.LIMITS_REFRESH_S + 5)
+        assert len(started) == 1 and sorted(_status(db_url, job.id) for job in held) == ["queued", "running"]
+        assert api.put("/v1/queues/api-runtime/limits", json={"global_concurrency": 2}).status_code == 200
+        wait_for(lambda: len(started) == 2, timeout=2 * limits.LIMITS_REFRESH_S + 5)
+        release.set()
+        wait_for(lambda: all(_status(db_url, job.id) == "done" for job in held))
     finally:
+        release.set()
         worker.stop(timeout=5)
 
 
@@ -126,8 +138,8 @@ def test_metrics_show_each_limited_queues_limits_usage_and_busiest_keys(db_url):
     claim_running(db_url, "tenants", ["a", "a", "b"])
     with api_client(db_url) as client:
         client.put("/v1/queues/paced/limits", json={"rate_limit": "120/m"})
-    with api_client(db_url, None) as anonymous:
-        r = anonymous.get("/metrics")
+    with api_client(db_url, "read", metrics_key_labels=True) as reader:
+        r = reader.get("/metrics")
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for family in text_string_to_metric_families(r.text) for s in family.samples}
     assert samples[("outboxq_queue_limit_concurrency", (("queue", "tenants"),))] == 10

@@ -76,7 +76,9 @@ def test_served_api_over_real_http(db_url, tmp_path):
         r = httpx.post(f"{base}/v1/queues/served/jobs", content=b"{oops", timeout=5,
                        headers={"Authorization": "Bearer served-admin-token", "Content-Type": "application/json"})
         assert r.status_code == 400 and r.json()["error"]["code"] == "malformed_json"
-        assert httpx.get(f"{base}/metrics", timeout=5).status_code == 200
+        assert httpx.get(f"{base}/metrics", timeout=5).status_code == 401  # a read token by default
+        assert httpx.get(f"{base}/metrics", timeout=5,
+                         headers={"Authorization": "Bearer served-reader-token"}).status_code == 200
         assert job_count(db_url) == 4
     finally:
         _stop(process)

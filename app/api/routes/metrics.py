@@ -1,6 +1,7 @@
 """Prometheus metrics of the queues, built with prometheus-client from statements whose cost follows the
 unfinished jobs, never the finished history (workers serve their own counters: `outboxq worker
---metrics-port`). Counts only: never a payload."""
+--metrics-port`). Counts only: never a payload, and no limit key (keys come from payloads: customer ids, say)
+unless OUTBOXQ_METRICS_KEY_LABELS is set; by default a per-key queue's keys appear as a count."""
 
 from __future__ import annotations
 
@@ -28,9 +29,12 @@ class QueueSnapshot:
     """A prometheus-client collector over one read of the queues' current state."""
 
     def __init__(self, counts: list[dict[str, Any]], lag: list[dict[str, Any]], states: list[dict[str, Any]],
-                 limit_usage: list[dict[str, Any]] | None = None):
+                 limit_usage: list[dict[str, Any]] | None = None, limit_keys: list[dict[str, Any]] | None = None,
+                 *, key_labels: bool = False):
         self.counts, self.lag, self.states = counts, lag, states
         self.limit_usage = limit_usage or []
+        self.limit_keys = limit_keys or []
+        self.key_labels = key_labels
 
     def collect(self) -> Iterator[Metric]:
         """The metric families (the prometheus-client collector protocol)."""
@@ -61,7 +65,8 @@ class QueueSnapshot:
         yield from self._limit_families()
 
     def _limit_families(self) -> Iterator[Metric]:
-        """Flow control: each limited queue's limits and their use (limits.usage)."""
+        """Flow control: each limited queue's limits and their use (limits.usage); the busiest keys by name only
+        with key_labels, else how many keys run per queue."""
         labels = ["queue"]
         concurrency = GaugeMetricFamily("outboxq_queue_limit_concurrency",
                                         "Global concurrency limit (per key when per_key is 1)", labels=labels)
@@ -73,6 +78,10 @@ class QueueSnapshot:
                                     labels=labels)
         starts = GaugeMetricFamily("outboxq_queue_limit_window_starts",
                                    "Starts within the last rate-limit period", labels=labels)
+        keys = GaugeMetricFamily("outboxq_queue_limit_keys_running",
+                                 "Limit keys with jobs running now, of a per-key queue", labels=labels)
+        for r in self.limit_keys:
+            keys.add_metric([r["queue"]], r["keys"])
         key_running = GaugeMetricFamily("outboxq_queue_limit_key_running",
                                         "Jobs running now of a per-key queue's busiest keys (at most five)",
                                         labels=["queue", "key"])
@@ -88,18 +97,22 @@ class QueueSnapshot:
             starts.add_metric(queue, u["recent_starts"])
             for k in u["busiest_keys"]:
                 key_running.add_metric([u["queue"], k["key"] or ""], k["running"])
-        yield from (concurrency, rate, per_key, running, starts, key_running)
+        yield from (concurrency, rate, per_key, running, starts, keys)
+        if self.key_labels:  # opted in (OUTBOXQ_METRICS_KEY_LABELS): a series per key, named after it
+            yield key_running
 
 
 @router.get("/metrics", response_class=PlainTextResponse,
             responses={200: {"description": "The Prometheus text exposition format",
                              "content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}}},
                        **error_responses(401, 403)},
-            openapi_extra={"x-required-scope": "none (or read when metrics_public is false)"})
+            openapi_extra={"x-required-scope": "read (none when metrics_public is true)"})
 def metrics(request: Request, pool: PoolDep) -> Response:
     """Prometheus metrics: unfinished jobs per queue and status, depth, lag, paused and failing queues, and the
-    limited queues' limits and usage."""
-    if not api_state(request).settings.metrics_public:
+    limited queues' limits and usage. Needs the read scope unless OUTBOXQ_METRICS_PUBLIC is set: the queue
+    names and their load are the application's business too."""
+    settings = api_state(request).settings
+    if not settings.metrics_public:
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
         credentials = HTTPAuthorizationCredentials(scheme=scheme, credentials=token.strip()) if header else None
@@ -108,7 +121,9 @@ def metrics(request: Request, pool: PoolDep) -> Response:
         snapshot = QueueSnapshot(conn.execute(sql.metrics_unfinished_counts).fetchall(),
                                  conn.execute(sql.metrics_queue_lag).fetchall(),
                                  conn.execute(sql.metrics_queue_states).fetchall(),
-                                 limits.usage(conn))
+                                 limits.usage(conn),
+                                 conn.execute(sql.metrics_limit_keys_running).fetchall(),
+                                 key_labels=settings.metrics_key_labels)
     registry = CollectorRegistry()
     registry.register(snapshot)
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

@@ -99,3 +99,17 @@ GROUP BY queue
 """
 
 metrics_queue_states = "SELECT queue, paused, failing_since IS NOT NULL AS failing FROM outboxq_queues"
+
+# How many limit keys have jobs running now, per per-key queue: GET /metrics shows this count rather than the
+# keys (they come from payloads: customer ids, say) unless OUTBOXQ_METRICS_KEY_LABELS is set. The running jobs
+# are read as queue_limits_usage reads them (the lease index), never the finished history.
+metrics_limit_keys_running = """
+SELECT l.queue, k.keys
+FROM outboxq_queue_limits l
+CROSS JOIN LATERAL (
+    SELECT count(DISTINCT limit_key) AS keys FROM outboxq_jobs
+    WHERE status = 'running' AND queue = l.queue AND lease_expires_at > clock_timestamp()
+) k
+WHERE l.per_key
+ORDER BY l.queue
+"""
