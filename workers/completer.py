@@ -16,6 +16,7 @@ import psycopg
 from outboxq.db import DictConnection
 from outboxq.queue import limits as flow_limits
 from outboxq.queue import sql, storable
+from outboxq.settings import Settings
 from outboxq.workers.dispatcher import Dispatcher, Handover
 from outboxq.workers.executor import Outcome, completion_params
 from outboxq.workers.state import RECONNECT_DELAY_S, WorkerState
@@ -145,31 +146,12 @@ class Completer:
             return
         s.metrics.jobs_finished([failure])
 
-    def bounded(self, outcome: Outcome) -> Outcome:
-        """The outcome within the bounds of the settings: a result over max_result_bytes fails its attempt
-        (a completed-in-transaction job keeps no result), error text and traceback are escaped and cut."""
-        settings = self.state.settings
-        if outcome.result_json is not None and len(outcome.result_json) * 4 > settings.max_result_bytes:
-            try:  # (UTF-8 takes at most 4 bytes a character: most results need no count)
-                storable.check_result_size(outcome.result_json, settings.max_result_bytes)
-            except storable.NotStorable as exc:
-                outcome.result_json, outcome.result = None, None
-                if outcome.completed_in_transaction:
-                    log.error("job %s: result not stored: %s", outcome.job.id, exc)
-                else:
-                    outcome.succeeded, outcome.error = False, f"result not storable: {exc}"
-        if outcome.error is not None:
-            outcome.error = storable.diagnostic_text(outcome.error, settings.max_error_bytes)
-        if outcome.traceback is not None:
-            outcome.traceback = storable.diagnostic_text(outcome.traceback, settings.max_traceback_bytes)
-        return outcome
-
     def write(self, conn: DictConnection, outcomes: list[Outcome]) -> None:
         """Write every outcome in one transaction: one statement completes all the successes (and, for a queue
         that hands its slots over, claims its next jobs into them). Where that is the only statement, it is the
         whole transaction on the completer's autocommit connection: one round trip."""
         s = self.state
-        outcomes = [self.bounded(o) for o in outcomes]
+        outcomes = [bounded(o, s.settings) for o in outcomes]
         to_complete = [o for o in outcomes if o.succeeded and not o.completed_in_transaction and not o.fenced]
         with_results = [o for o in outcomes if o.succeeded and not o.fenced and o.result_json is not None]
         to_end = [o for o in outcomes if not o.fenced and not o.succeeded]  # failed, snoozed, cancelled
@@ -299,3 +281,22 @@ def _connection_lost(conn: DictConnection, exc: BaseException) -> bool:
 
 
 _RETRIED_CLASSES = frozenset({"08", "40", "53", "57", "58"})
+
+
+def bounded(outcome: Outcome, settings: Settings) -> Outcome:
+    """The outcome within the bounds of the settings: a result over max_result_bytes fails its attempt
+    (a completed-in-transaction job keeps no result), error text and traceback are escaped and cut."""
+    if outcome.result_json is not None and len(outcome.result_json) * 4 > settings.max_result_bytes:
+        try:  # (UTF-8 takes at most 4 bytes a character: most results need no count)
+            storable.check_result_size(outcome.result_json, settings.max_result_bytes)
+        except storable.NotStorable as exc:
+            outcome.result_json, outcome.result = None, None
+            if outcome.completed_in_transaction:
+                log.error("job %s: result not stored: %s", outcome.job.id, exc)
+            else:
+                outcome.succeeded, outcome.error = False, f"result not storable: {exc}"
+    if outcome.error is not None:
+        outcome.error = storable.diagnostic_text(outcome.error, settings.max_error_bytes)
+    if outcome.traceback is not None:
+        outcome.traceback = storable.diagnostic_text(outcome.traceback, settings.max_traceback_bytes)
+    return outcome
