@@ -9,12 +9,9 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from outboxq.errors import OutboxqError, SchemaOutOfDate
-
-if TYPE_CHECKING:
-    from outboxq.settings import Settings
 
 
 def _url() -> str:
@@ -76,42 +73,17 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run the HTTP service."""
-    import gc
-
-    import uvicorn
-
-    from outboxq.api import create_app
-    from outboxq.api.server import ensure_token, wait_for_database
+    from outboxq.api.server import serve
     from outboxq.settings import get_settings
 
-    url = _current_url()
+    _current_url()
     settings = get_settings()
     if args.host:
         settings.host = args.host
     if args.port:
         settings.port = args.port
-    # outboxq.api.server.serve's steps, with uvicorn's options from the settings (uvicorn_options).
-    ensure_token(settings)
-    wait_for_database(url, settings.db_wait_s)
-    app = create_app(settings)
-    gc.collect()
-    gc.freeze()  # what start-up built lives as long as the process: kept out of the collector's walks
-    uvicorn.run(app, **uvicorn_options(settings))
+    serve(settings)
     return 0
-
-
-def uvicorn_options(settings: Settings) -> dict[str, Any]:
-    """The keyword arguments of uvicorn.run (uvicorn.Config) for `outboxq serve`.
-
-    X-Forwarded-For and X-Forwarded-Proto count only from the addresses in OUTBOXQ_FORWARDED_ALLOW_IPS: the
-    client address decides whom the failed-authentication throttle holds back, so a client that may set it
-    could pick another's. Empty (the default) trusts nobody, where uvicorn's own default trusts 127.0.0.1 and
-    FORWARDED_ALLOW_IPS from the environment.
-    """
-    trusted = [address.strip() for address in settings.forwarded_allow_ips.split(",") if address.strip()]
-    # (http and loop stay "auto": httptools and uvloop, dependencies of outboxq, where they install.)
-    return {"host": settings.host, "port": settings.port, "log_level": "info", "access_log": False,
-            "timeout_graceful_shutdown": 10, "proxy_headers": bool(trusted), "forwarded_allow_ips": trusted}
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

@@ -64,6 +64,9 @@ class Settings(BaseSettings):
     api_tokens: str = ""
     max_payload_bytes: int = 1024 * 1024
     max_batch_jobs: int = 1000
+    # A batch request's body (OUTBOXQ_MAX_BATCH_BYTES): a bound of its own, below max_batch_jobs payloads of
+    # max_payload_bytes (a GiB by default), since a body within it is held and parsed whole.
+    max_batch_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
     # Dependency rows one request may write (a job's depends_on, summed over a batch's jobs).
     max_dependencies_per_request: int = Field(default=1000, ge=0)
     db_pool_min: int = 1

@@ -15,6 +15,7 @@ from psycopg_pool import ConnectionPool
 
 from outboxq.api import errors
 from outboxq.api.auth import FailedAuthLimiter, parse_tokens
+from outboxq.api.responses import install_docs_headers
 from outboxq.api.routes import admin, health, jobs, limits, metrics, queues, spark, stats
 from outboxq.api.routing import ApiState
 from outboxq.db import check_pooled_connection, database_url, pooled_connection_returned
@@ -82,6 +83,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                     '{"error": {"code": ..., "message": ...}}.',
     )
     errors.install(app)
+    install_docs_headers(app)  # /docs, /redoc and /openapi.json send the dashboard's security headers
     app.include_router(create_router(settings))
     from outboxq.ui import mount_ui
 

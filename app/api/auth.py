@@ -84,8 +84,10 @@ def authenticate(tokens: list[TokenEntry], presented: str) -> Principal | None:
 
 
 class FailedAuthLimiter:
-    """Counts wrong tokens per client address in a sliding window; over the limit, the client is answered 429
-    (whatever token it sends, so that guessing learns nothing) until its oldest failure leaves the window."""
+    """Counts wrong tokens per client address in a sliding window; over the limit, the client's requests with a
+    wrong token (or none) are answered 429 until its oldest failure leaves the window. A right token is always
+    let through: clients behind one address (a NAT, a proxy) are not locked out by another's wrong tokens, and
+    tokens are long and random (MIN_TOKEN_LENGTH), so slowing guesses is not what keeps them secret."""
 
     MAX_CLIENTS = 10_000  # clients tracked at once; the least recently failing ones are forgotten first
 
@@ -122,26 +124,40 @@ class FailedAuthLimiter:
 
 
 def check(request: Request, credentials: HTTPAuthorizationCredentials | None, scope: str) -> Principal:
-    """The request's principal when it holds `scope`; 401 or 403 otherwise, 429 after too many wrong tokens."""
-    if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
-        raise ApiProblem(401, "unauthorized", "send Authorization: Bearer <token> (tokens come from "
-                         "OUTBOXQ_API_TOKENS)", {"WWW-Authenticate": "Bearer"})
+    """The request's principal when it holds `scope`; 401 or 403 otherwise. A request without a right token is
+    answered 429 while its address has sent too many wrong ones; one with a right token never is."""
     from outboxq.api.routing import api_state  # routing imports this module (TokenEntry)
 
     state = api_state(request)
+    # (The address is the connection's: the server rewrites it from X-Forwarded-For only for the proxies it is
+    # told to trust, OUTBOXQ_FORWARDED_ALLOW_IPS, so a client cannot pick the address it is counted under.)
     client = request.client.host if request.client else "unknown"
-    wait_s = state.auth_limiter.retry_after(client)
-    if wait_s is not None:
-        raise ApiProblem(429, "too_many_failed_authentications",
-                         f"too many wrong tokens from this address; try again in {math.ceil(wait_s)} s",
-                         {"Retry-After": str(math.ceil(wait_s))})
+    if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
+        _refuse_if_throttled(state.auth_limiter, client)
+        raise ApiProblem(401, "unauthorized", "send Authorization: Bearer <token> (tokens come from "
+                         "OUTBOXQ_API_TOKENS)", {"WWW-Authenticate": "Bearer"})
     principal = authenticate(state.tokens, credentials.credentials)
     if principal is None:
+        _refuse_if_throttled(state.auth_limiter, client)
         state.auth_limiter.failed(client)
         raise ApiProblem(401, "unauthorized", "unknown token", {"WWW-Authenticate": "Bearer"})
     if scope not in principal.scopes:
         raise ApiProblem(403, "forbidden", f"this route needs a token with the {scope!r} scope")
     return principal
+
+
+async def check_headers(request: Request, scope: str) -> Principal:
+    """check() from the request's Authorization header, before anything reads its body (OutboxqRoute)."""
+    return check(request, await _bearer(request), scope)
+
+
+def _refuse_if_throttled(limiter: FailedAuthLimiter, client: str) -> None:
+    """429 when `client` has sent too many wrong tokens lately (a refused request is not counted again)."""
+    wait_s = limiter.retry_after(client)
+    if wait_s is not None:
+        raise ApiProblem(429, "too_many_failed_authentications",
+                         f"too many wrong tokens from this address; try again in {math.ceil(wait_s)} s "
+                         "(a right token is not refused)", {"Retry-After": str(math.ceil(wait_s))})
 
 
 @cache

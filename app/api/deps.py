@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import psycopg
-from fastapi import Depends, Header, Path, Request
+from fastapi import Depends, Header, Path, Query, Request
 from fastapi.responses import JSONResponse
 from psycopg_pool import ConnectionPool
 
@@ -108,3 +108,9 @@ IdempotencyKey = Annotated[
     Header(alias="Idempotency-Key", pattern=idempotency.KEY_PATTERN.pattern,
            description="Makes retries safe: the same key and body answer the first response again"),
 ]
+
+
+# ?include=result on a listing: each job's result too (left out otherwise: a page of large results is large).
+IncludeResult = Annotated[Literal["result"] | None, Query(
+    description="result: each job's result too (left out otherwise: a page of large results is large; "
+                "GET /v1/jobs/{id} has it)")]

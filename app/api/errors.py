@@ -63,7 +63,8 @@ _DESCRIPTIONS = {
     409: "Conflict: a duplicate key, a job in the wrong status, or an Idempotency-Key reused with another body",
     413: "The payload (or the request) is over the size limit",
     422: "Invalid input: the message names the field and says what to fix",
-    429: "Too many wrong tokens from this address: wait Retry-After seconds",
+    429: "Too many wrong tokens from this address (a right token is still let through), or too many Spark "
+         "batches submitted: wait Retry-After seconds",
     503: "The database is unavailable or its schema is not current",
 }
 
@@ -149,6 +150,10 @@ def response_for(request: Request, exc: Exception) -> JSONResponse:
         # Values PostgreSQL cannot store (a NUL character in text, a number out of range...).
         first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return error_json(422, "invalid_input", f"the database rejected a value: {first_line}")
+    if isinstance(exc, RecursionError):
+        # JSON nested deeper than max_json_depth is refused before it is parsed; this is what a setting close to
+        # the interpreter's recursion limit lets through.
+        return error_json(422, "json_too_deep", "the request's JSON is nested too deeply; send a flatter payload")
     if isinstance(exc, UnicodeError):
         return error_json(422, "invalid_input", "a string holds characters that are not valid Unicode "
                                                 "(for example a lone surrogate); send valid UTF-8")
@@ -165,11 +170,13 @@ def response_for(request: Request, exc: Exception) -> JSONResponse:
 
 # The exception classes the app-level handlers are registered for (response_for maps each).
 HANDLED = (ApiProblem, errors.OutboxqError, RequestValidationError, StarletteHTTPException,
-           psycopg.errors.DataError, UnicodeError, psycopg_pool.PoolTimeout, psycopg.OperationalError, Exception)
+           psycopg.errors.DataError, RecursionError, UnicodeError, psycopg_pool.PoolTimeout, psycopg.OperationalError,
+           Exception)
 
 
 def install(app: FastAPI) -> None:
-    """Register the exception handlers on `app`."""
+    """Register the exception handlers on `app` (create_app's own), and the security headers of its
+    documentation pages, which no outboxq route serves."""
 
     async def handle(request: Request, exc: Exception) -> JSONResponse:
         return response_for(request, exc)

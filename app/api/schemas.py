@@ -45,7 +45,10 @@ DelaySeconds = Annotated[float, Field(ge=0, le=MAX_DELAY_S, allow_inf_nan=False)
 UniqueSeconds = Annotated[float, Field(gt=0, le=MAX_DELAY_S, allow_inf_nan=False), _A_JSON_NUMBER]
 Priority = Annotated[int, Field(ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1]), _A_JSON_NUMBER]
 MaxAttempts = Annotated[int, Field(ge=0, le=1_000_000), _A_JSON_NUMBER]
-Concurrency = Annotated[int, Field(ge=0, le=2**31 - 1), _A_JSON_NUMBER]
+# A limit's count: at least 1 in the document; 0 reaches the server's own check (outboxq.queue.limits), whose
+# 422 says to pause the queue instead.
+LimitCount = Annotated[int, Field(ge=0, le=2**31 - 1), _A_JSON_NUMBER,
+                       WithJsonSchema({"type": "integer", "minimum": 1, "maximum": 2**31 - 1})]
 BatchSize = Annotated[int, Field(ge=1, le=1_000_000), _A_JSON_NUMBER]
 
 
@@ -161,7 +164,8 @@ class JobPublic(BaseModel):
     started_at: str | None = None
     finished_at: str | None = None
     snoozes: int = 0
-    result: Any = Field(None, description="The handler's return value (JSON), once the job is done")
+    result: Any = Field(None, description="The handler's return value (JSON), once the job is done; in listings "
+                                          "only with include=result")
     progress: float | None = Field(None, description="0.0-1.0, as the handler last reported it")
     progress_message: str | None = None
     marker: str | None = Field(None, description="In listings: pass it as ?marker= to continue after this job")
@@ -218,11 +222,15 @@ class QueueLimitsChange(RequestModel):
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"minProperties": 1})  # (an empty change: 422)
 
-    global_concurrency: Concurrency | None = Field(None, description="at most N running (per key with limit_by)")
-    # The pattern is the document's; the server's own check says what to fix (outboxq.queue.limits).
+    global_concurrency: LimitCount | None = Field(
+        None, description="at most N running (per key with limit_by), N from 1; to stop the queue, pause it")
+    # The pattern is the document's (no count of 0); the server's own check says what to fix
+    # (outboxq.queue.limits).
     rate_limit: Annotated[str | None, WithJsonSchema({"anyOf": [
-        {"type": "string", "pattern": RATE_LIMIT_PATTERN.pattern}, {"type": "null"}]})] = Field(
-        None, description="at most N starts per period: N/s, N/m or N/h (N up to 9 digits)")
+        {"type": "string", "pattern": "^(?!0+/)" + RATE_LIMIT_PATTERN.pattern.removeprefix("^")},
+        {"type": "null"}]})] = Field(
+        None, description="at most N starts per period: N/s, N/m or N/h (N from 1, up to 9 digits); to stop the "
+                          "queue, pause it")
 
 
 class QueueSummary(BaseModel):
@@ -303,12 +311,22 @@ class SparkBatchCreated(BaseModel):
     id: int
 
 
-def job_public(job: Any, marker: str | None = None) -> dict[str, Any]:
-    """The JSON of a Job (app.queue.jobs.Job)."""
+def job_public(job: Any, marker: str | None = None, *, result: bool = True) -> dict[str, Any]:
+    """The JSON of a Job (app.queue.jobs.Job); without its result when `result` is False (listings)."""
     out = _job_public(job, {})
+    if not result:
+        del out["result"]
     if marker is not None:
         out["marker"] = marker
     return out
+
+
+def job_held_public(job: Any) -> dict[str, Any]:
+    """The JSON of a job found holding a key (on_conflict "ignore") for a caller that may not read jobs: its id,
+    queue, key and status."""
+    # That the key is held, by which job and how far it got: what the caller needs to go on. Not its payload,
+    # result or errors, which are for whoever may read jobs (the job may be another client's).
+    return {"id": job.id, "queue": job.queue, "key": job.key, "status": str(job.status)}
 
 
 def jobs_public(jobs: QueuedBatch | Sequence[Any]) -> list[dict[str, Any]]:

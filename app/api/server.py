@@ -6,6 +6,7 @@ import gc
 import logging
 import secrets
 import sys
+from typing import Any
 
 import psycopg
 import uvicorn
@@ -51,9 +52,21 @@ def serve(settings: Settings | None = None) -> None:
     # long enough to reach the oldest generation), and a few ms frozen.
     gc.collect()
     gc.freeze()
+    uvicorn.run(app, **uvicorn_options(settings))
+
+
+def uvicorn_options(settings: Settings) -> dict[str, Any]:
+    """The keyword arguments of uvicorn.run (uvicorn.Config) for `outboxq serve`.
+
+    X-Forwarded-For and X-Forwarded-Proto count only from the addresses in OUTBOXQ_FORWARDED_ALLOW_IPS: the
+    client address decides whom the failed-authentication throttle holds back, so a client that may set it
+    could pick another's. Empty (the default) trusts nobody, where uvicorn's own default trusts 127.0.0.1 and
+    FORWARDED_ALLOW_IPS from the environment.
+    """
+    trusted = [address.strip() for address in settings.forwarded_allow_ips.split(",") if address.strip()]
     # (http and loop stay "auto": httptools and uvloop, dependencies of outboxq, where they install.)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", access_log=False,
-                timeout_graceful_shutdown=10)
+    return {"host": settings.host, "port": settings.port, "log_level": "info", "access_log": False,
+            "timeout_graceful_shutdown": 10, "proxy_headers": bool(trusted), "forwarded_allow_ips": trusted}
 
 
 def main() -> None:

@@ -105,8 +105,10 @@ def list_page(
     marker: str | None = None,
     limit: int = 100,
     status: str | JobStatus | None = None,
+    include_result: bool = True,
 ) -> FeedPage:
-    """One page of `queue`'s committed jobs after `marker`, in enqueue-commit-safe order."""
+    """One page of `queue`'s committed jobs after `marker`, in enqueue-commit-safe order; without their results
+    (None) unless `include_result`."""
     validate_queue_name(queue)
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE_SIZE:
         raise InvalidInput(f"limit must be an integer from 1 to {MAX_PAGE_SIZE}")
@@ -121,7 +123,8 @@ def list_page(
     with psycopg_connection(conn).cursor(row_factory=dict_row) as cur:
         cur.execute(
             sql.job_feed_page,
-            {"queue": queue, "after_xid": after_xid, "after_id": after_id, "status": status, "limit": limit},
+            {"queue": queue, "after_xid": after_xid, "after_id": after_id, "status": status, "limit": limit,
+             "include_result": include_result},
         )
         rows = cur.fetchall()
     items = []

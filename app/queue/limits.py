@@ -70,8 +70,14 @@ class QueueLimits:
                    per_key=row["per_key"], source=row["source"])
 
 
+# What a limit of 0 is told: it would hold every job of the queue back, which is what pausing it says.
+_PAUSE_INSTEAD = ("to stop a queue's jobs from starting, pause the queue instead (`outboxq pause QUEUE`, POST "
+                  "/v1/queues/{queue}/pause, outboxq.queue.admin.pause_queue)")
+
+
 def parse_rate_limit(rate_limit: str | None) -> tuple[int | None, float | None]:
-    """("N/s" | "N/m" | "N/h") -> (N, period in seconds); None -> (None, None); InvalidLimit otherwise."""
+    """("N/s" | "N/m" | "N/h") -> (N, period in seconds); None -> (None, None); InvalidLimit otherwise. (It reads
+    what is stored, too: a limit of 0 written before validate_rate_limit refused it still reads.)"""
     if rate_limit is None:
         return None, None
     match = _RATE_SHAPE.fullmatch(rate_limit) if isinstance(rate_limit, str) else None
@@ -83,13 +89,25 @@ def parse_rate_limit(rate_limit: str | None) -> tuple[int | None, float | None]:
     return count, RATE_PERIODS_S[match.group(2)]
 
 
+def validate_rate_limit(rate_limit: str | None) -> tuple[int | None, float | None]:
+    """A rate limit to set, parsed (parse_rate_limit); InvalidLimit when malformed or of 0 starts."""
+    count, period = parse_rate_limit(rate_limit)
+    if count == 0:
+        raise InvalidLimit(f"rate limit {rate_limit!r} would let no job start; {_PAUSE_INSTEAD}, or give 1 or more "
+                           "starts per period (None or null: no rate limit)")
+    return count, period
+
+
 def validate_concurrency(global_concurrency: Any) -> int | None:
-    """The global concurrency (None = unlimited), or InvalidLimit."""
+    """The global concurrency (None = unlimited; per key with limit_by), or InvalidLimit."""
     if global_concurrency is None:
         return None
     if (isinstance(global_concurrency, bool) or not isinstance(global_concurrency, int)
             or not 0 <= global_concurrency <= MAX_LIMIT):
-        raise InvalidLimit(f"global_concurrency must be an integer from 0 to {MAX_LIMIT}, not {global_concurrency!r}")
+        raise InvalidLimit(f"global_concurrency must be an integer from 1 to {MAX_LIMIT}, not {global_concurrency!r}")
+    if global_concurrency == 0:
+        raise InvalidLimit(f"global_concurrency 0 would let no job start; {_PAUSE_INSTEAD}, or give 1 or more "
+                           "(None or null: no concurrency limit)")
     return global_concurrency
 
 
@@ -98,7 +116,7 @@ def declared_limits(queue: str, *, global_concurrency: int | None, rate_limit: s
     """What a @consumer's options declare (validated when the consumer is registered)."""
     if limit_by is not None and not (callable(limit_by) or (isinstance(limit_by, str) and limit_by)):
         raise InvalidLimit("limit_by must be a top-level payload field name or a callable payload -> str")
-    count, period = parse_rate_limit(rate_limit)
+    count, period = validate_rate_limit(rate_limit)
     return QueueLimits(queue=queue, global_concurrency=validate_concurrency(global_concurrency),
                        rate_limit_count=count, rate_limit_period_s=period, per_key=limit_by is not None)
 
@@ -315,7 +333,7 @@ def set_limits(conn: Any, queue: str, *, global_concurrency: int | None = None, 
     from outboxq.queue.enqueue import validate_queue_name
 
     validate_queue_name(queue)
-    count, period = parse_rate_limit(rate_limit) if set_rate else (None, None)
+    count, period = validate_rate_limit(rate_limit) if set_rate else (None, None)
     cur = conn.cursor(row_factory=_dict_row())
     row = cur.execute(limits_sql.queue_limits_set, {
         "queue": queue, "global_concurrency": validate_concurrency(global_concurrency) if set_concurrency else None,

@@ -14,7 +14,8 @@ import psycopg
 import pytest
 import uvicorn
 
-from outboxq.cli import build_parser, main, uvicorn_options
+from outboxq.api.server import uvicorn_options
+from outboxq.cli import build_parser, main
 from outboxq.db import url_with_database
 from outboxq.settings import Settings, get_settings
 

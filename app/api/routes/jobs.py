@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from outboxq.api.auth import EnqueuePrincipal, scoped
 from outboxq.api.deps import (
     IdempotencyKey,
+    IncludeResult,
     JobId,
     PoolDep,
     Prefer,
@@ -22,7 +23,7 @@ from outboxq.api.deps import (
     transaction,
 )
 from outboxq.api.errors import ApiProblem, error_responses
-from outboxq.api.routing import OutboxqRoute, api_state
+from outboxq.api.routing import OutboxqRoute, api_state, too_many_jobs
 from outboxq.api.schemas import (
     JOB_CREATE,
     JobBatchCreate,
@@ -32,6 +33,7 @@ from outboxq.api.schemas import (
     JobCreateBody,
     JobPage,
     JobPublic,
+    job_held_public,
     job_option,
     job_public,
     jobs_public,
@@ -96,13 +98,16 @@ def _options(job: JobCreate) -> dict[str, Any]:
 
 @router.post("/v1/queues/{queue}/jobs", status_code=201, response_model=JobPublic, **scoped("enqueue"),
              responses={200: {"model": JobPublic, "description": "A retry with the same Idempotency-Key, or "
-                                                                  "the job holding the key (on_conflict ignore)"},
+                                                                  "the job holding the key (on_conflict ignore; "
+                                                                  "to a token without the read scope, only its "
+                                                                  "id, queue, key and status)"},
                         **error_responses(400, 401, 403, 409, 413, 422)})
 def create_job(queue: QueueName, body: Annotated[JobCreateBody, Body()], request: Request,
                principal: EnqueuePrincipal, pool: PoolDep, settings: SettingsDep,
                idempotency_key: IdempotencyKey = None) -> JSONResponse:
     """Enqueue one job (201); with an Idempotency-Key, a retry of the same request answers 200 with the same job,
-    and so does on_conflict="ignore" when the job holding the key is returned (nothing written)."""
+    and so does on_conflict="ignore" when the job holding the key is returned (nothing written): in full to a
+    token that may read jobs, else only its id, queue, key and status."""
     check_payload_size(body["payload"], settings.max_payload_bytes)
     check_dependency_count([body], settings.max_dependencies_per_request)
     existed: list[bool] = []
@@ -114,6 +119,8 @@ def create_job(queue: QueueName, body: Annotated[JobCreateBody, Body()], request
             # The job holding the key was returned, not written, when it was created before this transaction.
             started = conn.execute(sql.transaction_started_at).fetchone()["now"]
             existed.append(job.created_at is not None and job.created_at < started)
+            if existed[-1] and "read" not in principal.scopes:
+                return job_held_public(job)  # someone else's job, perhaps: enqueuing is no leave to read it
         return job_public(job)
 
     return idempotent_write(request, pool, principal.id, idempotency_key,
@@ -130,10 +137,12 @@ def create_jobs(queue: QueueName, body: JobBatchCreate, request: Request, princi
                 pool: PoolDep, settings: SettingsDep, idempotency_key: IdempotencyKey = None,
                 prefer: Prefer = None) -> JSONResponse:
     """Enqueue many jobs of one queue in one transaction: all written, or none. The answer holds each job
-    (JobBatchPublic), or only their ids (JobBatchIds) under `Prefer: return=minimal`."""
+    (JobBatchPublic), or only their ids (JobBatchIds) under `Prefer: return=minimal`. A job found holding its
+    key (on_conflict "ignore") is answered in full to a token that may read jobs, else by its id, queue, key
+    and status."""
+    # (The route class counted the jobs before the body was parsed; this holds for any route class.)
     if len(body.jobs) > settings.max_batch_jobs:
-        raise InvalidInput(f"a batch holds at most {settings.max_batch_jobs} jobs (max_batch_jobs), "
-                           f"not {len(body.jobs)}; split it")
+        raise InvalidInput(too_many_jobs(settings.max_batch_jobs, len(body.jobs)))
     request_bytes = int(request.headers.get("content-length") or settings.max_payload_bytes)
     # Re-encoding a payload can make it longer than it was in the request (1E15 becomes 1000000000000000.0,
     # 4.5 times), never 8 times: a smaller request cannot hold a payload over the limit, and is not checked.
@@ -143,6 +152,8 @@ def create_jobs(queue: QueueName, body: JobBatchCreate, request: Request, princi
     check_dependency_count(body.jobs, settings.max_dependencies_per_request)
     uniform = _uniform(body.jobs)
     minimal = prefers_minimal(request)  # (every Prefer line: `prefer` above documents the header)
+    hide_held = "read" not in principal.scopes and any(job_option(j, "on_conflict") == "ignore" and "key" in j
+                                                       for j in body.jobs)
 
     def work(conn: Any) -> dict[str, Any]:
         jobs: QueuedBatch | list[Job]
@@ -160,7 +171,10 @@ def create_jobs(queue: QueueName, body: JobBatchCreate, request: Request, princi
             jobs = [enqueue(conn, queue, j["payload"], **_options(j)) for j in body.jobs]
         if minimal:
             return {"ids": list(jobs.ids) if isinstance(jobs, QueuedBatch) else [job.id for job in jobs]}
-        return {"jobs": jobs_public(jobs)}
+        answer = jobs_public(jobs)
+        if hide_held and not isinstance(jobs, QueuedBatch):  # (a QueuedBatch holds only jobs it wrote)
+            _hide_held_jobs(conn, jobs, answer)
+        return {"jobs": answer}
 
     def request_body() -> dict[str, Any]:
         # The answer's form is part of the request: a retry with the same key and another form is refused (409)
@@ -172,6 +186,15 @@ def create_jobs(queue: QueueName, body: JobBatchCreate, request: Request, princi
     if minimal:
         response.headers["Preference-Applied"] = "return=minimal"
     return response
+
+
+def _hide_held_jobs(conn: Any, jobs: list[Job], answer: list[dict[str, Any]]) -> None:
+    """Reduce, in `answer`, the jobs that were there before this transaction (found holding their key) to what a
+    token without the read scope may learn of them (job_held_public)."""
+    started = conn.execute(sql.transaction_started_at).fetchone()["now"]
+    for index, job in enumerate(jobs):
+        if job.created_at is not None and job.created_at < started:
+            answer[index] = job_held_public(job)
 
 
 @router.get("/v1/jobs/{job_id}", response_model=JobPublic, **scoped("read"),
@@ -214,10 +237,13 @@ def list_jobs(
     limit: Annotated[int, Query(ge=1, le=feed.MAX_PAGE_SIZE)] = 100,
     marker: Annotated[str | None, Query(max_length=200, description="next_marker (or an item's marker) "
                                                                       "of the previous page")] = None,
+    include: IncludeResult = None,
 ) -> JSONResponse:
-    """A page of the queue's jobs in enqueue order; markers never skip or repeat a job."""
+    """A page of the queue's jobs in enqueue order; markers never skip or repeat a job. Their results only with
+    include=result."""
+    with_result = include == "result"
     with transaction(pool) as conn:
         page = feed.list_page(conn, api_state(request).marker_key(conn), queue, marker=marker, limit=limit,
-                              status=status)
-    return JSONResponse({"items": [job_public(i.job, i.marker) for i in page.items],
+                              status=status, include_result=with_result)
+    return JSONResponse({"items": [job_public(i.job, i.marker, result=with_result) for i in page.items],
                          "next_marker": page.next_marker})

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
 
 from outboxq.api.auth import scoped
-from outboxq.api.deps import PoolDep, QueueName, transaction
+from outboxq.api.deps import IncludeResult, PoolDep, QueueName, transaction
 from outboxq.api.errors import error_responses
 from outboxq.api.routing import OutboxqRoute
 from outboxq.api.schemas import JobList, QueueList, job_public
@@ -37,8 +37,9 @@ def list_queues(pool: PoolDep) -> JSONResponse:
 @router.get("/v1/queues/{queue}/errors", response_model=JobList, **scoped("read"),
             responses=error_responses(401, 403, 422))
 def list_queue_errors(queue: QueueName, pool: PoolDep,
-                      limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> JSONResponse:
-    """The queue's jobs in retrying or dead, with their last error, oldest first."""
+                      limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+                      include: IncludeResult = None) -> JSONResponse:
+    """The queue's jobs in retrying or dead, with their last error, oldest first (results with include=result)."""
     with transaction(pool) as conn:
         jobs = admin.list_errors(conn, queue, limit=limit)
-    return JSONResponse({"items": [job_public(j) for j in jobs]})
+    return JSONResponse({"items": [job_public(j, result=include == "result") for j in jobs]})

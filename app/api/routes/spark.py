@@ -13,10 +13,13 @@ from outboxq.api.deps import PoolDep, SettingsDep, transaction
 from outboxq.api.errors import ApiProblem, error_responses
 from outboxq.api.routing import OutboxqRoute
 from outboxq.api.schemas import SparkBatchCreate, SparkBatchCreated
+from outboxq.db import one_row
 from outboxq.queue.sql import spark as spark_sql
 
 router = APIRouter(tags=["spark"], route_class=OutboxqRoute)
 
+# What a submission refused for the batches at work is told to wait: batches take minutes.
+BUSY_RETRY_AFTER_S = 30
 
 
 def _batches() -> Any:
@@ -38,12 +41,23 @@ def list_spark_batches(pool: PoolDep, limit: Annotated[int, Query(ge=1, le=500)]
 @router.post("/v1/spark/batches", status_code=202, response_model=SparkBatchCreated, **scoped("admin"),
              responses=error_responses(400, 401, 403, 422))
 def submit_spark_batch(body: SparkBatchCreate, pool: PoolDep, settings: SettingsDep) -> JSONResponse:
-    """Submit a Spark batch: a registered processor over the queue's jobs into output_table; returns its id."""
+    """Submit a Spark batch: a registered processor over the queue's jobs into output_table; returns its id.
+    429 while spark_max_batches run and spark_max_pending_batches already wait."""
     if body.master is not None:
         raise ApiProblem(422, "master_not_allowed", "a request cannot choose the Spark master: it comes from the "
                          "operator's settings (OUTBOXQ_SPARK_MASTER, OUTBOXQ_SPARK_CONF)")
     batches = _batches()
     with transaction(pool) as conn:
+        # Each batch is a process waiting for its turn: their number is bounded, not the submitter's to grow.
+        conn.execute(spark_sql.spark_batch_submit_lock)
+        active = one_row(conn.execute(spark_sql.spark_batch_count_active))
+        if active["running"] >= settings.spark_max_batches and active["pending"] >= settings.spark_max_pending_batches:
+            raise ApiProblem(
+                429, "too_many_spark_batches",
+                f"{active['running']} Spark batches are running (spark_max_batches {settings.spark_max_batches}) "
+                f"and {active['pending']} wait for their turn (spark_max_pending_batches "
+                f"{settings.spark_max_pending_batches}); submit again once one has finished",
+                {"Retry-After": str(BUSY_RETRY_AFTER_S)})
         batch_id = batches.submit_batch(conn, queue=body.queue, processor=body.processor,
                                         output_table=body.output_table, batch_size=body.batch_size,
                                         settings=settings)

@@ -396,8 +396,12 @@ FOR UPDATE
 """
 
 # Jobs of one queue after a position, below the reader's snapshot xmin, in (created_xid, id) order.
+# A job's result is read only when the listing asks for it: results may be large (OUTBOXQ_MAX_RESULT_BYTES each),
+# and a page holds up to 1,000 jobs.
+_FEED_COLUMNS = JOB_COLUMNS.replace(" result,", " CASE WHEN %(include_result)s THEN result END AS result,")
+
 job_feed_page = f"""
-SELECT {JOB_COLUMNS}, created_xid
+SELECT {_FEED_COLUMNS}, created_xid
 FROM outboxq_jobs
 WHERE queue = %(queue)s
   AND created_xid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint

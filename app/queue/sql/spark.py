@@ -237,6 +237,19 @@ VALUES (%(queue)s, %(processor)s, %(output_table)s, %(batch_size)s, %(master)s)
 RETURNING id
 """
 
+# HTTP submissions one at a time (a transaction lock): each counts the batches at work, then adds its own.
+spark_batch_submit_lock = "SELECT pg_advisory_xact_lock(hashtext('outboxq_spark_batch_submit'))"
+
+# The batches at work: running, as the batch slots held (spark_batch_try_slot: a running batch's process holds
+# one while it lives, so a batch whose process died is not counted, whatever its row says), and pending.
+spark_batch_count_active = """
+SELECT (SELECT count(*) FROM pg_locks
+        WHERE locktype = 'advisory' AND granted AND objsubid = 2
+          AND classid = hashtext('outboxq_spark_batch_slot')::oid
+          AND database = (SELECT oid FROM pg_database WHERE datname = current_database())) AS running,
+       (SELECT count(*) FROM outboxq_spark_batches WHERE state = 'pending') AS pending
+"""
+
 spark_batch_get = """
 SELECT id, queue, processor, output_table, batch_size, master, state, jobs_claimed, rows_written, error,
        created_at, started_at, finished_at
