@@ -78,7 +78,7 @@ def test_payload_json_means_what_json_dumps_writes(payload):
     assert json.loads(payload_json(payload)) == json.loads(json.dumps(payload, separators=(",", ":")))
 
 
-@pytest.mark.parametrize("payload", REFUSED, ids=repr)
+@pytest.mark.parametrize("payload", REFUSED, ids=lambda p: "object()" if type(p) is object else repr(p))
 def test_payload_json_refuses_what_json_dumps_refuses(payload):
     with pytest.raises((TypeError, ValueError)):
         json.dumps(payload, allow_nan=False)
