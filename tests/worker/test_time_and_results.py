@@ -97,7 +97,7 @@ def test_a_return_value_that_is_not_json_fails_the_attempt_with_a_clear_error(db
     finally:
         worker.stop(timeout=5)
     job = _job(db_url, job_id)
-    assert "not JSON-serialisable" in job.last_error and job.result is None
+    assert "result not storable: the result is not JSON" in job.last_error and job.result is None
 
 
 def test_progress_is_visible_while_the_job_runs(db_url):
