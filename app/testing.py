@@ -11,7 +11,7 @@ from outboxq.db import database_url, url_in_schema
 from outboxq.errors import InvalidTransition, JobFailed, JobNotFound
 from outboxq.queue import sql
 from outboxq.settings import get_settings
-from outboxq.workers import executor
+from outboxq.workers import claims, executor
 from outboxq.workers.executor import Outcome
 from outboxq.workers.registry import Consumer, get_consumer
 
@@ -43,7 +43,7 @@ class TestQueue:
             if job_id is None:
                 jobs = worker.claim(conn, consumer, 1)
             else:
-                jobs = worker.claim(conn, consumer, 1, sql.job_claim_by_id, {"id": job_id})
+                jobs = worker.claim(conn, consumer, 1, claims.BY_ID, {"id": job_id})
             if not jobs:
                 return None
             outcome = executor.execute(jobs[0], None)

@@ -35,10 +35,10 @@ from typing import Any
 from outboxq.db import DictConnection, database_url, url_in_schema
 from outboxq.errors import WorkerFailed
 from outboxq.queue import limits as flow_limits
-from outboxq.queue import sql
 from outboxq.queue.schema import CANCEL_NOTICE
 from outboxq.registry import Registry, default_registry
 from outboxq.settings import Settings, get_settings
+from outboxq.workers.claims import PLAIN, ClaimStrategy
 from outboxq.workers.completer import Completer
 from outboxq.workers.dispatcher import Dispatcher
 from outboxq.workers.executor import AsyncLoop, ClaimedJob, Outcome
@@ -246,9 +246,10 @@ class Worker:
         return self.state.connect()
 
     def claim(self, conn: DictConnection, consumer: Consumer, limit: int,
-              statement: str = sql.job_claim_batch, params: dict[str, Any] | None = None) -> list[ClaimedJob]:
-        """Claim up to `limit` jobs of the consumer's queue under a fresh lease token (committed)."""
-        return self.dispatcher.claim(conn, consumer, limit, statement, params)
+              strategy: ClaimStrategy = PLAIN, params: dict[str, Any] | None = None) -> list[ClaimedJob]:
+        """Claim up to `limit` jobs of the consumer's queue under a fresh lease token (committed): the plain
+        claim, or the strategy given (claims.BY_ID with {"id": ...}: that job)."""
+        return self.dispatcher.claim(conn, consumer, limit, strategy, params)
 
     def claim_limited(self, conn: DictConnection, consumer: Consumer, limits: flow_limits.QueueLimits,
                       limit: int) -> list[ClaimedJob]:

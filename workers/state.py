@@ -85,7 +85,7 @@ class WorkerState:
 
     def connect_for_claims(self) -> DictConnection:
         """The dispatcher's connection: autocommit, its commits not waiting for the disk (see
-        sql.claims_session_async); the dispatcher makes durable what must be (dispatcher.durable_transaction).
+        sql.claims_session_async); the dispatcher makes durable what must be (claims.durable_transaction).
         Its claims are planned once (sql.session_generic_plans)."""
         return self._connect_with(sql.claims_session_async, sql.session_generic_plans)
 

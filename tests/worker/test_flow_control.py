@@ -7,14 +7,12 @@ rows: how many ran at once, how many started within any window of the rate limit
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -29,7 +27,7 @@ from outboxq.errors import InvalidLimit
 from outboxq.queue import limits
 from outboxq.queue.sql import limits as limits_sql
 from outboxq.workers.claim_cursor import FROM_THE_FRONT
-from outboxq.workers.dispatcher import ADOPT_WINDOW
+from outboxq.workers.keyless import ADOPT_WINDOW
 from outboxq.workers.registry import Consumer
 from outboxq.workers.runner import Worker
 from tests.handlers_flow import RUNS_DDL
@@ -280,11 +278,11 @@ def test_jobs_of_a_per_key_queue_enqueued_without_its_consumer_get_a_key_and_run
     consumer = Consumer("flow_adopt", lambda payload: None, global_concurrency=5, limit_by="tenant")
     worker = Worker([consumer], url=db_url, run_maintenance=False, listen=False)
     with worker.state.connect_for_claims() as claims:
-        worker.dispatcher.read_limits(claims)
+        worker.dispatcher.flow.read_limits(claims)
         queue_limits = worker.state.limits["flow_adopt"]
         assert worker.dispatcher.claim_limited(claims, consumer, queue_limits, 10) == []
-        assert worker.dispatcher.adopt_keyless(claims, consumer) == 3
-        assert worker.dispatcher.adopt_keyless(claims, consumer) == 0
+        assert worker.dispatcher.flow.adopt_keyless(claims, consumer) == 3
+        assert worker.dispatcher.flow.adopt_keyless(claims, consumer) == 0
         jobs = worker.dispatcher.claim_limited(claims, consumer, queue_limits, 10)
     assert sorted(j.payload.get("tenant", "") for j in jobs) == ["", "a", "b"]
     assert _count(db_url, "SELECT count(*) FROM outboxq_jobs WHERE queue = 'flow_adopt' AND status = 'running' "
@@ -294,9 +292,9 @@ def test_jobs_of_a_per_key_queue_enqueued_without_its_consumer_get_a_key_and_run
 def test_a_failed_look_for_keyless_jobs_strands_none_of_the_jobs_just_claimed(db_url, monkeypatch):
     """The look follows a short per-key claim: when it fails (the connection lost, say), the jobs that claim took
     have gone to the handlers already and run; the dispatcher reconnects and goes on."""
-    from outboxq.workers.dispatcher import Dispatcher
+    from outboxq.workers.flow import FlowControl
 
-    real_look, failed = Dispatcher.adopt_keyless, []
+    real_look, failed = FlowControl.adopt_keyless, []
 
     def look_failing_once_jobs_are_held(self, conn, consumer):
         if self.state.held() and not failed:
@@ -304,7 +302,7 @@ def test_a_failed_look_for_keyless_jobs_strands_none_of_the_jobs_just_claimed(db
             raise psycopg.OperationalError("the look failed")
         return real_look(self, conn, consumer)
 
-    monkeypatch.setattr(Dispatcher, "adopt_keyless", look_failing_once_jobs_are_held)
+    monkeypatch.setattr(FlowControl, "adopt_keyless", look_failing_once_jobs_are_held)
     with psycopg.connect(db_url) as conn:
         enqueue_many(conn, "flow_adopt_fail", [{"t": "x"}, {"t": "y"}, {"t": "z"}], limit_keys=["x", "y", "z"])
         conn.commit()
@@ -318,27 +316,6 @@ def test_a_failed_look_for_keyless_jobs_strands_none_of_the_jobs_just_claimed(db
     assert failed
 
 
-def test_the_look_for_keyless_jobs_reads_only_the_front_of_the_queue_through_its_indexes(db_url):
-    """The look runs after every short per-key claim and every reading of the limits: planned once on the
-    dispatcher's connection (while the queue was empty), it still reads the claim and retry indexes, a bounded
-    window, once 20,000 keyed jobs wait: never the jobs table nor its history."""
-    consumer = Consumer("flow_adopt_plan", lambda payload: None, global_concurrency=10, limit_by="tenant")
-    worker = Worker([consumer], url=db_url, run_maintenance=False, listen=False)
-    with worker.state.connect_for_claims() as conn:
-        for _ in range(3):
-            worker.dispatcher._adopt_due.clear()
-            assert worker.dispatcher.adopt_keyless(conn, consumer) == 0
-        _fill(db_url, "flow_adopt_plan", [{"tenant": f"t{i % 50}"} for i in range(20_000)],
-              limit_keys=[f"t{i % 50}" for i in range(20_000)])
-        conn.autocommit = False
-        [plan] = explain_prepared(conn, limits_sql.job_keyless_window,
-                                  {"queue": "flow_adopt_plan", "window": ADOPT_WINDOW})
-        conn.rollback()
-    scans = {(n["Node Type"], n.get("Index Name")) for n in plan_nodes(plan) if n.get("Relation Name")}
-    assert scans == {("Index Scan", "outboxq_jobs_claim_idx"), ("Index Scan", "outboxq_jobs_retry_idx")}, scans
-    assert all(n.get("Plan Rows", 0) <= ADOPT_WINDOW for n in plan_nodes(plan) if n["Node Type"] == "Limit")
-
-
 def test_a_keyless_job_enqueued_behind_a_long_keyed_backlog_gets_its_key_and_its_turn_at_once(db_url):
     """A job enqueued without its consumer (no key) behind more keyed jobs than the front window reads: the look
     at the newest jobs (those enqueued since the previous look's place, in commit order) gives it its key, and
@@ -348,12 +325,12 @@ def test_a_keyless_job_enqueued_behind_a_long_keyed_backlog_gets_its_key_and_its
     _fill(db_url, "flow_adopt_newest", [{"tenant": "big"}] * backlog, limit_keys=["big"] * backlog)
     consumer = Consumer("flow_adopt_newest", lambda payload: None, global_concurrency=5, limit_by="tenant")
     worker = Worker([consumer], url=db_url, run_maintenance=False, listen=False)
-    dispatcher = worker.dispatcher
+    dispatcher, flow = worker.dispatcher, worker.dispatcher.flow
 
     def look():
-        dispatcher._adopt_due.clear()
-        dispatcher._newest_due = 0.0
-        return dispatcher.adopt_keyless(claims, consumer)
+        flow.keyless._front_due.clear()
+        flow.keyless._newest_due = 0.0
+        return flow.adopt_keyless(claims, consumer)
 
     def looks(expected):  # (another writer of the cluster, autovacuum's ANALYZE say, can hold the look a moment)
         adopted = 0
@@ -366,8 +343,8 @@ def test_a_keyless_job_enqueued_behind_a_long_keyed_backlog_gets_its_key_and_its
         return adopted
 
     with worker.state.connect_for_claims() as claims:
-        dispatcher.read_limits(claims)
-        assert dispatcher.adopt_keyless(claims, consumer) == 0  # (the first look finds where the newest start)
+        flow.read_limits(claims)
+        assert flow.adopt_keyless(claims, consumer) == 0  # (the first look finds where the newest start)
         [newcomer] = _fill(db_url, "flow_adopt_newest", [{"tenant": "small"}])
         assert looks(1) == 1
         jobs = dispatcher.claim_limited(claims, consumer, worker.state.limits["flow_adopt_newest"], 5)
@@ -383,7 +360,7 @@ def test_a_keyless_job_enqueued_behind_a_long_keyed_backlog_gets_its_key_and_its
             assert look() == 0  # (nothing past a transaction still running: the later jobs wait for it)
             late.commit()
         assert looks(2) == 2  # the late one and the waiting one
-        assert look() == 0 and dispatcher._newest_after["flow_adopt_newest"][1] == waiting.id  # (the last committed)
+        assert look() == 0 and flow.keyless._newest_after["flow_adopt_newest"][1] == waiting.id  # (the last committed)
         claims.autocommit = False
         plans = explain_prepared(claims, limits_sql.job_keyless_newest, {
             "queues": ["flow_adopt_newest"], "after_xids": [0], "after_ids": [newcomer.id], "window": 5_000})
@@ -397,57 +374,6 @@ def test_a_keyless_job_enqueued_behind_a_long_keyed_backlog_gets_its_key_and_its
     nodes = [n for plan in plans for n in plan_nodes(plan)]  # the queue's new jobs through the feed index
     assert {n["Index Name"] for n in nodes if "Index Name" in n} == {"outboxq_jobs_feed_idx", "outboxq_jobs_pkey"}, plans
     assert not any(n["Node Type"] == "Seq Scan" for n in nodes), plans
-
-
-def test_a_look_at_the_newest_jobs_that_failed_reads_them_again(db_url, monkeypatch):
-    """A look whose writing of the keys failed (connection lost, deadlock victim) does not move its place: the
-    next look keys the same jobs."""
-    consumer = Consumer("flow_adopt_retry", lambda payload: None, global_concurrency=5, limit_by="tenant")
-    worker = Worker([consumer], url=db_url, run_maintenance=False, listen=False)
-    dispatcher = worker.dispatcher
-    with worker.state.connect_for_claims() as claims:
-        dispatcher.read_limits(claims)
-        assert dispatcher.adopt_keyless(claims, consumer) == 0  # (the first look finds where the newest start)
-        [job] = _fill(db_url, "flow_adopt_retry", [{"tenant": "t1"}])
-        written, failed = dispatcher._set_limit_keys, []
-
-        def fail(conn, rows):
-            if rows:
-                failed.append(rows)
-                raise psycopg.OperationalError("connection lost")
-
-        def look():
-            dispatcher._newest_due = 0.0
-            return dispatcher._adopt_newest_keyless(claims, time.monotonic())
-
-        def failing_look():
-            with contextlib.suppress(psycopg.OperationalError):
-                look()
-            return failed
-        monkeypatch.setattr(dispatcher, "_set_limit_keys", fail)
-        assert [r["id"] for r in wait_for(failing_look, timeout=10)[0]] == [job.id]
-        monkeypatch.setattr(dispatcher, "_set_limit_keys", written)
-        assert wait_for(look, timeout=10) == {"flow_adopt_retry": 1}
-    assert _count(db_url, "SELECT count(*) FROM outboxq_jobs WHERE id = %s AND limit_key = 't1'", job.id) == 1
-
-
-def test_a_look_whose_place_is_past_the_servers_transaction_ids_starts_again(db_url):
-    """A place beyond every transaction id the server has given (its ids went back: a failover to a standby
-    behind it) would never see a new job: the look starts again from now."""
-    consumer = Consumer("flow_adopt_ahead", lambda payload: None, global_concurrency=5, limit_by="tenant")
-    worker = Worker([consumer], url=db_url, run_maintenance=False, listen=False)
-    dispatcher = worker.dispatcher
-
-    def look():
-        dispatcher._newest_due = 0.0
-        return dispatcher._adopt_newest_keyless(claims, time.monotonic())
-    with worker.state.connect_for_claims() as claims:
-        dispatcher.read_limits(claims)
-        dispatcher._newest_after["flow_adopt_ahead"] = (2**62, 0)
-        assert look() == {}
-        [job] = _fill(db_url, "flow_adopt_ahead", [{"tenant": "t1"}])
-        assert wait_for(look, timeout=10) == {"flow_adopt_ahead": 1}
-    assert _count(db_url, "SELECT count(*) FROM outboxq_jobs WHERE id = %s AND limit_key = 't1'", job.id) == 1
 
 
 def test_a_running_worker_runs_keyless_jobs_of_its_per_key_queue(db_url):
@@ -475,9 +401,9 @@ def test_a_queue_without_limits_claims_with_the_unlimited_statement(db_url):
                     run_maintenance=False, listen=False)
     claim = worker.dispatcher.claim
 
-    def recording(conn, consumer, limit, statement=None, **kw):
-        claimed_with.append(statement)
-        return claim(conn, consumer, limit, **({"statement": statement} if statement else {}), **kw)
+    def recording(conn, consumer, limit, strategy=None, **kw):
+        claimed_with.append(strategy)
+        return claim(conn, consumer, limit, **({"strategy": strategy} if strategy else {}), **kw)
 
     worker.dispatcher.claim = recording
     _run_until_done(worker, db_url, "plain", 5)
@@ -511,7 +437,7 @@ def test_the_dispatchers_limited_claims_and_declared_limits_are_on_disk_when_it_
     worker = Worker([consumer], url=db_url, run_maintenance=False, listen=False)
     with worker.state.connect_for_claims() as conn, psycopg.connect(db_url, autocommit=True) as observer:
         before = observer.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()[0]
-        worker.dispatcher.read_limits(conn)
+        worker.dispatcher.flow.read_limits(conn)
         flushed = observer.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()[0]
         [(declared_by,)] = observer.execute("SELECT xmin::text FROM outboxq_queue_limits").fetchall()
         assert _flushed_past_the_commit_of(observer, before, flushed, declared_by)
@@ -544,7 +470,7 @@ def test_unstarted_jobs_claimed_beyond_a_limit_set_since_go_back_to_the_queue(db
     worker = Worker([consumer, other], url=db_url, run_maintenance=False, listen=False)
     state = worker.state
     with state.connect_for_claims() as claims:
-        worker.dispatcher.read_limits(claims)
+        worker.dispatcher.flow.read_limits(claims)
         if change == "lowered":
             held = worker.dispatcher.claim_limited(claims, consumer, state.limits[queue], 6)
             with psycopg.connect(db_url) as conn:
@@ -555,88 +481,16 @@ def test_unstarted_jobs_claimed_beyond_a_limit_set_since_go_back_to_the_queue(db
         held += worker.dispatcher.claim(claims, other, 2)
         for job in held:
             state.work.put(job)
-        worker.dispatcher.read_limits(claims)
+        worker.dispatcher.flow.read_limits(claims)
         assert state.work.qsize() == 8 and state.buffered == 8  # 5,000 cannot bind what the worker holds
         with psycopg.connect(db_url) as conn:
             limits.set_limits(conn, queue, global_concurrency=2, set_concurrency=True)
             conn.commit()
-        worker.dispatcher.read_limits(claims)
+        worker.dispatcher.flow.read_limits(claims)
     assert state.buffered == 2 and [job.queue for job in _handed_out(worker)] == ["flow_buffer_other"] * 2
     assert set(state.in_flight) == {j.id for j in held if j.queue == "flow_buffer_other"}
     assert _count(db_url, "SELECT count(*) FROM outboxq_jobs WHERE queue = %s AND status = 'queued' "
                           "AND attempts = 0 AND lease_token IS NULL", queue) == 6
-
-
-def _stored_limits(db_url, queue):
-    with psycopg.connect(db_url) as conn:
-        return limits.load(conn).get(queue)
-
-
-def test_a_reset_while_workers_run_brings_back_what_their_consumers_declare(db_url):
-    """An operator's reset deletes the queue's row; a running worker declares its consumer's limits again at its
-    next reading of the limits (every few seconds), instead of claiming without any limit until it restarts."""
-    consumer = Consumer("flow_reset", lambda payload: None, global_concurrency=2, limit_by="tenant")
-    worker = Worker([consumer], url=db_url, run_maintenance=False, listen=False)
-    with worker.state.connect_for_claims() as claims:
-        worker.dispatcher.read_limits(claims)
-        with psycopg.connect(db_url) as conn:
-            limits.set_limits(conn, "flow_reset", global_concurrency=5, set_concurrency=True)
-            conn.commit()
-        worker.dispatcher.read_limits(claims)
-        assert worker.state.limits["flow_reset"].global_concurrency == 5
-        with psycopg.connect(db_url) as conn:
-            assert limits.reset_limits(conn, "flow_reset")
-            conn.commit()
-        worker.dispatcher.read_limits(claims)
-    assert worker.state.limits["flow_reset"] == limits.QueueLimits("flow_reset", global_concurrency=2, per_key=True)
-    assert _stored_limits(db_url, "flow_reset") == worker.state.limits["flow_reset"]
-
-
-def test_per_key_follows_limit_by_even_in_limits_an_operator_set(db_url):
-    """per_key comes from the consumer's limit_by (code): limits an operator set before any worker declared are
-    stored per queue, and a starting worker turns them per key, keeping the operator's values; a consumer that
-    drops limit_by turns per_key off, the operator's limits stay. A running worker leaves a row that exists as it
-    is (two versions of a consumer side by side during a deployment would take turns rewriting it)."""
-    with psycopg.connect(db_url) as conn:
-        limits.set_limits(conn, "flow_op_first", global_concurrency=3, set_concurrency=True)
-        conn.commit()
-    keyed = Consumer("flow_op_first", lambda payload: None, global_concurrency=9, limit_by="tenant")
-    worker = Worker([keyed], url=db_url, run_maintenance=False, listen=False)
-    operator_per_key = limits.QueueLimits("flow_op_first", global_concurrency=3, per_key=True, source="operator")
-    with worker.state.connect_for_claims() as claims:
-        worker.dispatcher.read_limits(claims)
-        assert worker.state.limits["flow_op_first"] == operator_per_key
-        plain = Consumer("flow_op_first", lambda payload: None)
-        restarted = Worker([plain], url=db_url, run_maintenance=False, listen=False)
-        with restarted.state.connect_for_claims() as other_claims:
-            restarted.dispatcher.read_limits(other_claims)
-        worker.dispatcher.read_limits(claims)  # (running: the row is there, it writes nothing)
-    assert _stored_limits(db_url, "flow_op_first") == limits.QueueLimits(
-        "flow_op_first", global_concurrency=3, per_key=False, source="operator")
-
-
-def test_a_worker_starting_with_its_limits_already_stored_writes_nothing(db_url):
-    """Workers that start together with the same consumers (a deployment) each declare their limits: only the
-    first writes them; the others read them and neither update nor lock the row (which would make each wait
-    for the one before it to commit). A consumer that declares other limits still writes them."""
-    def start(consumer):
-        worker = Worker([consumer], url=db_url, run_maintenance=False, listen=False)
-        with worker.state.connect_for_claims() as conn:
-            worker.dispatcher.read_limits(conn)
-        return worker.state.limits["flow_declared"]
-
-    def row():
-        with psycopg.connect(db_url, row_factory=dict_row) as c:
-            return c.execute("SELECT xmin::text, xmax::text, global_concurrency, rate_limit_count "
-                             "FROM outboxq_queue_limits WHERE queue = 'flow_declared'").fetchone()
-
-    assert start(Consumer("flow_declared", lambda p: None, global_concurrency=3, rate_limit="5/s")).limited
-    first = row()
-    again = start(Consumer("flow_declared", lambda p: None, global_concurrency=3, rate_limit="5/s"))
-    assert row() == first and first["xmax"] == "0"  # not written, not even locked
-    assert (again.global_concurrency, again.rate_limit) == (3, "5/s")
-    changed = start(Consumer("flow_declared", lambda p: None, global_concurrency=4, rate_limit="5/s"))
-    assert changed.global_concurrency == 4 and row()["xmin"] != first["xmin"]
 
 
 def test_the_dispatchers_unlimited_claim_is_one_statement_that_leaves_no_transaction_open(db_url):
@@ -666,15 +520,15 @@ def test_a_per_key_claim_hands_out_jobs_round_robin_and_resumes_after_the_last_k
     worker = Worker([consumer], url=db_url, run_maintenance=False, listen=False)
     queue_limits = limits.QueueLimits("flow_rr", global_concurrency=10, per_key=True)
     with worker.connect() as conn:
-        worker.dispatcher._limit_cursor["flow_rr"] = "b"  # as if the previous claim ended with key b
+        worker.dispatcher.flow.turns._after_key["flow_rr"] = "b"  # as if the previous claim ended with key b
         first = worker.claim_limited(conn, consumer, queue_limits, 5)
         # Four keys share five jobs (at most two each): c, d, then a and b (wrapped around), then c again.
         assert [key_of[j.id] for j in first] == ["c", "d", "a", "b", "c"]
         assert [j.id for j in first if key_of[j.id] == "c"] == [jobs[4].id, jobs[5].id]  # a key's jobs in order
-        assert worker.dispatcher._limit_cursor["flow_rr"] == "b"
+        assert worker.dispatcher.flow.turns._after_key["flow_rr"] == "b"
         second = worker.claim_limited(conn, consumer, queue_limits, 5)
         assert [j.id for j in second] == [jobs[1].id, jobs[2].id]
-        assert worker.dispatcher._limit_cursor["flow_rr"] == "a"
+        assert worker.dispatcher.flow.turns._after_key["flow_rr"] == "a"
 
 
 def _limited_queue(db_url, queue, limit, jobs, per_key):
@@ -768,41 +622,6 @@ def test_the_dispatcher_claims_a_limit_that_cannot_bind_in_claims_larger_than_a_
     assert asked[0] == limits.claim_size(100, 200) == 200  # not the batch of 100
 
 
-@pytest.mark.parametrize("flow, most_held", [
-    ({}, 200),  # no limit: two batches
-    ({"global_concurrency": 10_000}, 400),  # cannot bind: two of its claims (200 each)
-    ({"global_concurrency": 10_000, "limit_by": "tenant"}, 400),
-    ({"global_concurrency": 300}, 200),  # the worker's buffer could make it bind: two batches, as before
-    ({"rate_limit": "10000/s"}, 200),  # every start is counted: as before (and only idle handlers are claimed for)
-])
-def test_a_worker_holds_two_claims_of_a_limited_queue_whose_limit_cannot_bind(flow, most_held):
-    """With one limited claim (up to what the worker may hold) in flight, the next full claim waited for every
-    job before it to be written: the worker may hold two of them where nothing it holds can make the limit bind,
-    and claims a whole one while one is being worked on."""
-    consumer = Consumer("flow_two_claims", lambda payload: None, **flow)
-    worker = Worker([consumer], url="postgresql://unused", batch_size=100, concurrency=4, run_maintenance=False,
-                    listen=False)
-    dispatcher, state = worker.dispatcher, worker.state
-    queue_limits = consumer.limits if consumer.limits.limited else None
-    assert dispatcher._most_held(queue_limits) == most_held
-    state.in_flight = {job_id: None for job_id in range(200)}  # a claim of 200 being worked on, none buffered
-    assert dispatcher._room(dispatcher._most_held(queue_limits)) == most_held - 200
-
-
-def test_a_limited_queue_holds_two_claims_only_while_the_workers_other_queues_are_idle():
-    """Two of a limited queue's claims would leave no room for the worker's other queues (their claims see the
-    worker holding more than two batches): the larger hold lasts while the other queues' last claims came back
-    short, and ends when one of them is to be claimed again."""
-    limited = Consumer("flow_two_claims_limited", lambda payload: None, global_concurrency=10_000)
-    worker = Worker([limited, Consumer("flow_two_claims_plain", lambda payload: None)], url="postgresql://unused",
-                    batch_size=100, concurrency=4, run_maintenance=False, listen=False)
-    dispatcher, state = worker.dispatcher, worker.state
-    state.idle_until["flow_two_claims_plain"] = 0.0  # to be claimed: it may have jobs
-    assert dispatcher._most_held(limited.limits) == state.max_in_flight == 200
-    state.idle_until["flow_two_claims_plain"] = time.monotonic() + 60  # its last claim came back short
-    assert dispatcher._most_held(limited.limits) == state.max_in_flight_limited == 400
-
-
 @pytest.mark.parametrize("limit, depth, typical_job_s, expected", [
     (500, None, 0.0001, limits.key_budget(500)),  # no full claim yet: every key it may need
     (500, 5.0, None, limits.key_budget(500)),  # no handler time measured yet
@@ -864,14 +683,14 @@ def test_per_key_claims_over_deep_keys_take_them_in_longer_turns_and_a_short_one
         assert turns(worker.claim_limited(conn, consumer, queue_limits, 40)) == dict.fromkeys("abcd", 10)
         assert turns(worker.claim_limited(conn, consumer, queue_limits, 40)) == dict.fromkeys("ef", 20)
         assert turns(worker.claim_limited(conn, consumer, queue_limits, 40)) == dict.fromkeys("gh", 20)
-        assert "flow_turns" not in worker.dispatcher._claim_again
+        assert "flow_turns" not in worker.dispatcher.flow._claim_again
         # a..d hold 15 jobs each now, e..h 5: turns of 20 over 2 keys find 30 of 40, and the queue is to be
         # claimed again at once, over every key (40 shared out over c..h, then wrapped round to the empty a, b).
         assert turns(worker.claim_limited(conn, consumer, queue_limits, 40)) == dict.fromkeys("ab", 15)
-        assert "flow_turns" in worker.dispatcher._claim_again
+        assert "flow_turns" in worker.dispatcher.flow._claim_again
         assert turns(worker.claim_limited(conn, consumer, queue_limits, 40)) == {
             "c": 7, "d": 7, "e": 5, "f": 5, "g": 5, "h": 5}
-        assert "flow_turns" not in worker.dispatcher._claim_again
+        assert "flow_turns" not in worker.dispatcher.flow._claim_again
 
 
 @pytest.mark.parametrize("per_key", [False, True])
@@ -885,7 +704,7 @@ def test_a_limited_claim_planned_while_the_queue_was_empty_reads_the_indexes_onc
                         **({"limit_by": "tenant"} if per_key else {}))
     worker = Worker([consumer], url=db_url, run_maintenance=False, listen=False)
     with worker.state.connect(autocommit=True) as conn:
-        worker.dispatcher.read_limits(conn)
+        worker.dispatcher.flow.read_limits(conn)
         queue_limits = worker.state.limits["flow_empty"]
         for _ in range(8):  # prepared within these claims (a shared claim and an exclusive one each), queue empty
             assert worker.dispatcher.claim_limited(conn, consumer, queue_limits, 100) == []
@@ -923,9 +742,9 @@ def _handover_queue(db_url, queue, limit, jobs):
     its jobs claimed by that worker (held, not yet given to a handler)."""
     consumer, worker, queue_limits = _limited_queue(db_url, queue, limit, jobs, per_key=False)
     with worker.state.connect_for_claims() as claims:
-        worker.dispatcher.read_limits(claims)
+        worker.dispatcher.flow.read_limits(claims)
         running = worker.claim_limited(claims, consumer, queue_limits, limit)
-    assert len(running) == limit and worker.dispatcher.hands_over(worker.state.limits[queue])
+    assert len(running) == limit and worker.dispatcher.flow.hands_over(worker.state.limits[queue])
     return worker, running
 
 
@@ -977,7 +796,7 @@ def test_a_handover_keeps_a_lowered_limit_and_leaves_slots_near_their_lease_end_
         limits.set_limits(conn, "flow_handover_low", global_concurrency=2, set_concurrency=True)
         conn.commit()
     with worker.state.connect_for_claims() as claims:
-        worker.dispatcher.read_limits(claims)
+        worker.dispatcher.flow.read_limits(claims)
     with worker.state.connect_for_completions() as writes:
         worker.write_outcomes(writes, [Outcome(job=running[0], succeeded=True)])
         assert _handed_out(worker) == [] and _running(db_url, "flow_handover_low") == 2
@@ -1032,7 +851,7 @@ def test_a_rate_limit_added_since_the_worker_read_the_limits_stops_the_handover(
     with psycopg.connect(db_url) as conn:
         limits.set_limits(conn, "flow_handover_rate", rate_limit="1/h", set_rate=True)
         conn.commit()
-    assert worker.dispatcher.hands_over(worker.state.limits["flow_handover_rate"])  # (not read again yet)
+    assert worker.dispatcher.flow.hands_over(worker.state.limits["flow_handover_rate"])  # (not read again yet)
     worker.state.idle_until["flow_handover_rate"] = 1e12
     with worker.state.connect_for_completions() as writes:
         worker.write_outcomes(writes, [Outcome(job=running[0], succeeded=True)])
@@ -1065,7 +884,7 @@ def test_the_handover_prepared_while_the_queue_was_empty_reads_the_indexes_once_
     consumer = Consumer("flow_handover_plan", lambda payload: None, global_concurrency=4)
     worker = Worker([consumer], url=db_url, run_maintenance=False, listen=False)
     with worker.state.connect_for_claims() as claims:
-        worker.dispatcher.read_limits(claims)  # (declares the limits)
+        worker.dispatcher.flow.read_limits(claims)  # (declares the limits)
     with worker.state.connect_for_completions() as writes:
         worker.dispatcher.prepare_handovers(writes)
         _fill(db_url, "flow_handover_plan", [{} for _ in range(20_000)])

@@ -152,7 +152,7 @@ ORDER BY l.queue
 # known: over HTTP, by another service, before limit_by was added): a per-key claim reads the key index, which
 # they are not in, and would never take them. The worker reads those at the front of the queue (its first
 # `window` queued and retrying jobs, in claim order, through the claim and retry indexes: a bounded read whatever
-# the backlog) and gives them a key (outboxq.workers.dispatcher.Dispatcher.adopt_keyless).
+# the backlog) and gives them a key (outboxq.workers.dispatcher.FlowControl.adopt_keyless (workers/flow.py)).
 job_keyless_window = """
 SELECT id, queue, payload, payload_bytes FROM (
     (SELECT id, queue, payload, payload_bytes, limit_key FROM outboxq_jobs
