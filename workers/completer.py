@@ -162,7 +162,6 @@ class Completer:
         in_transaction = conn.autocommit and bool(with_results or to_end or now_healthy)
         completed_ids: set[int] = set()
         handover: Handover | None = None
-        failed_writes = []
         with conn.transaction() if in_transaction else nullcontext():
             if with_results:
                 conn.execute(sql.job_store_results, {
@@ -190,6 +189,28 @@ class Completer:
             for job in handover.jobs:
                 s.work.put(job)
 
+        self._count_and_log(outcomes, to_complete, completed_ids, failed_writes)
+        with s.lock:
+            for o in outcomes:
+                s.in_flight.pop(o.job.id, None)
+        limits = s.limits  # (one reading: the dispatcher replaces the mapping when it re-reads the limits)
+        freed = {o.job.queue for o in outcomes} & limits.keys()
+        for queue_name in freed:
+            if limits[queue_name].per_key:  # (only per-key queues read it: fair_hold, keys_to_scan)
+                s.job_seconds[queue_name] = flow_limits.typical_job_seconds(
+                    s.job_seconds.get(queue_name), [o.duration_s for o in outcomes if o.job.queue == queue_name])
+        if handover is not None and len(handover.jobs) == sum(o.job.queue == handover.queue for o in outcomes):
+            freed.discard(handover.queue)  # (its slots were all handed over: no claim from the dispatcher)
+        if freed:
+            s.slots_freed += 1
+        for queue_name in freed:
+            s.idle_until[queue_name] = 0.0  # a slot of a limited queue is free: claim again now
+        s.wake.set()
+
+    def _count_and_log(self, outcomes: list[Outcome], to_complete: list[Outcome], completed_ids: set[int],
+                       failed_writes: list[tuple[Outcome, Any]]) -> None:
+        """After a write: count each outcome in the worker's stats and log failures, snoozes and fences."""
+        s = self.state
         for o in to_complete:
             if o.job.id in completed_ids:
                 s.stats["completed"] += 1
@@ -212,22 +233,6 @@ class Completer:
                 self._log_fenced(o, "effects")
             elif o.completed_in_transaction:
                 s.stats["completed"] += 1
-        with s.lock:
-            for o in outcomes:
-                s.in_flight.pop(o.job.id, None)
-        limits = s.limits  # (one reading: the dispatcher replaces the mapping when it re-reads the limits)
-        freed = {o.job.queue for o in outcomes} & limits.keys()
-        for queue_name in freed:
-            if limits[queue_name].per_key:  # (only per-key queues read it: fair_hold, keys_to_scan)
-                s.job_seconds[queue_name] = flow_limits.typical_job_seconds(
-                    s.job_seconds.get(queue_name), [o.duration_s for o in outcomes if o.job.queue == queue_name])
-        if handover is not None and len(handover.jobs) == sum(o.job.queue == handover.queue for o in outcomes):
-            freed.discard(handover.queue)  # (its slots were all handed over: no claim from the dispatcher)
-        if freed:
-            s.slots_freed += 1
-        for queue_name in freed:
-            s.idle_until[queue_name] = 0.0  # a slot of a limited queue is free: claim again now
-        s.wake.set()
 
     def _complete(self, conn: DictConnection, to_complete: list[Outcome]) -> set[int]:
         """Complete these jobs (one statement, each fenced by its lease token); the ids completed."""
