@@ -8,7 +8,6 @@ COPY app ./app
 COPY workers ./workers
 COPY spark_jobs ./spark_jobs
 COPY migrations ./migrations
-COPY tools ./tools
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11-slim AS runtime

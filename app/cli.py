@@ -457,13 +457,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "them too (owners and superusers keep them). Meant for a server of outboxq's own")
     p.set_defaults(func=cmd_create_role)
 
-    # Imported explicitly: a broken import is an error with its message. Each module imports its heavy
-    # dependencies (PySpark, the peers' packages) only when its command runs.
+    # Imported explicitly: a broken import is an error with its message. It imports its heavy dependency
+    # (PySpark) only when its command runs. (The benchmark and chaos harness is not part of the package: it is
+    # run from a checkout, `python -m tools bench|chaos`.)
     from outboxq.spark_jobs import cli as spark_cli
-    from outboxq.tools import bench, chaos
 
-    for module in (spark_cli, bench, chaos):
-        module.register(sub)
+    spark_cli.register(sub)
     return parser
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -17,9 +18,16 @@ import psycopg
 
 from outboxq.db import url_with_database
 from outboxq.queue import migrate
-from outboxq.tools.bench import UNFINISHED_SQL
 from outboxq.workers.registry import Consumer
 from outboxq.workers.runner import Worker
+
+# The harness (tools/, `python -m tools bench`) is the checkout's own package, not installed with outboxq: these
+# scripts run from a checkout and find it at the repository's root.
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tools.bench import UNFINISHED_SQL  # noqa: E402
 
 
 def fresh_database(admin_url: str, name: str) -> str:

@@ -1,5 +1,5 @@
 """Where a 1,000-job batch request's time goes: `POST /v1/queues/{q}/jobs/batch` against the API in a child
-process whose phases are timed, alternating with the same enqueue_many through Python (what `outboxq bench
+process whose phases are timed, alternating with the same enqueue_many through Python (what `python -m tools bench
 enqueue` compares).
 
     python bench/http_phases.py [--database-url postgresql://...] [--requests 100] [--jobs 1000] [--minimal]

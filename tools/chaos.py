@@ -1,4 +1,4 @@
-"""`outboxq chaos`: a bounded fault-injection scenario that proves nothing is lost and nothing runs twice.
+"""`python -m tools chaos`: a bounded fault-injection scenario that proves nothing is lost and nothing runs twice.
 
 Jobs are enqueued from Python (in transactions of which some roll back) and over HTTP (with Idempotency-Key
 retries) while worker processes run handlers that write their effects with ctx.transaction(). Faults are
@@ -34,9 +34,10 @@ from outboxq.queue.migrate import upgrade
 from outboxq.queue.roles import create_app_role, drop_app_role
 
 # tools/chaos_handlers.py (and the other scenarios' handler modules) are imported where a scenario uses them,
-# never here: the CLI imports this module to register `outboxq chaos`, and a handler module imported at that
-# point would add its @consumer queues to every `outboxq worker` (load_handler_modules serves the whole
-# default registry).
+# never here: `python -m tools` imports this module to register `chaos`, and a handler module imported at that
+# point would add its @consumer queues to the default registry of every process that imports this one
+# (load_handler_modules serves the whole default registry). Only the scenario's workers import them, with
+# `--handlers tools.chaos_handlers` and the repository's root on PYTHONPATH.
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER_APP_NAME = "outboxq-chaos-worker"
@@ -138,7 +139,7 @@ class Scenario:
         self.server_url = server
         self.url = url_with_database(server, name)
         upgrade(self.url)
-        from outboxq.tools.chaos_handlers import EFFECTS_TABLE_DDL
+        from tools.chaos_handlers import EFFECTS_TABLE_DDL
 
         # Workers and the API run as the least-privilege role, as a deployment should.
         self.app_role = f"outboxq_chaos_app_{self.run}"
@@ -153,7 +154,7 @@ class Scenario:
             self._start_api()
 
     def _env(self) -> dict[str, str]:
-        from outboxq.tools.chaos_handlers import CHAOS_LEASE_S
+        from tools.chaos_handlers import CHAOS_LEASE_S
 
         return {**os.environ, "DATABASE_URL": self.app_url, "PYTHONPATH": str(ROOT),
                 "OUTBOXQ_POLL_INTERVAL": "0.2", "OUTBOXQ_LEASE_S": str(CHAOS_LEASE_S),
@@ -164,7 +165,7 @@ class Scenario:
         log = open(self.log_dir / f"worker-{index}-{time.monotonic_ns()}.log", "w")
         return subprocess.Popen(
             [sys.executable, "-m", "outboxq.cli", "--log-level", "WARNING", "worker", "--processes", "1",
-             "--handlers", "outboxq.tools.chaos_handlers", "--concurrency", "8", "--batch-size", "100"],
+             "--handlers", "tools.chaos_handlers", "--concurrency", "8", "--batch-size", "100"],
             env={**self._env(), "PGAPPNAME": WORKER_APP_NAME}, cwd=ROOT, stdout=log, stderr=log,
         )
 
@@ -293,7 +294,7 @@ class Scenario:
         restart_embedded(self.pgdata)
 
     def _fault_zombie(self) -> None:
-        from outboxq.tools.chaos_handlers import CHAOS_LEASE_S
+        from tools.chaos_handlers import CHAOS_LEASE_S
 
         # Freeze a worker that holds running jobs, so that it has late writes to be refused.
         by_pid = {w.pid: w for w in self.workers}
@@ -496,7 +497,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
 
 def _cmd_more(args: argparse.Namespace) -> int:
     """--scenario periodic|limits|poison|spark|all: the added scenarios (tools/chaos_more.py), a row each."""
-    from outboxq.tools.chaos_more import MoreConfig, format_results, row_of_default, run_more
+    from tools.chaos_more import MoreConfig, format_results, row_of_default, run_more
 
     out = sys.stderr if args.json else sys.stdout
     results = []
@@ -519,7 +520,7 @@ def _cmd_more(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
-    """Add `outboxq chaos` to the CLI."""
+    """Add `python -m tools chaos` to the CLI."""
     p = sub.add_parser("chaos", help="fault-injection scenario: nothing lost, nothing run twice")
     p.add_argument("--scenario", choices=SCENARIO_CHOICES, default="jobs",
                    help="jobs (the default: plain jobs), periodic (schedules), limits (concurrency limits), "

@@ -1,4 +1,4 @@
-"""Handlers of the `outboxq chaos` scenario: every effect is written with ctx.transaction().
+"""Handlers of the `python -m tools chaos` scenario: every effect is written with ctx.transaction().
 
 The effects table has no unique constraint on purpose: a job whose effect committed twice would show as
 two rows, which the scenario's check counts.

@@ -1,4 +1,4 @@
-"""Handlers of `outboxq chaos --scenario limits` (workers import this with `--handlers`).
+"""Handlers of `python -m tools chaos --scenario limits` (workers import this with `--handlers`).
 
 Two limited queues: chaos-lim-global (global_concurrency=3 across every worker) and chaos-lim-key (at most 2
 at once per tenant, limit_by="tenant"). Each attempt records its start in chaos_limit_runs (autocommit, on the
@@ -14,8 +14,8 @@ import time
 
 import psycopg
 
-from outboxq.tools.chaos_handlers import OPTIONS
 from outboxq.workers import JobContext, consumer
+from tools.chaos_handlers import OPTIONS
 
 GLOBAL_QUEUE, KEY_QUEUE = "chaos-lim-global", "chaos-lim-key"
 GLOBAL_LIMIT, KEY_LIMIT = 3, 2

@@ -1,4 +1,4 @@
-"""More `outboxq chaos` scenarios: periodic schedules, flow-control limits, poisoned handlers and Spark drivers
+"""More `python -m tools chaos` scenarios: periodic schedules, flow-control limits, poisoned handlers and Spark drivers
 under faults.
 
 Each runs on its own database (on the private embedded server unless --database-url is given), reuses the
@@ -48,8 +48,8 @@ import psycopg
 from psycopg import sql as pgsql
 
 from outboxq import enqueue_many
-from outboxq.tools.chaos import ROOT, WORKER_APP_NAME, ChaosConfig, Scenario
-from outboxq.tools.chaos_handlers import CHAOS_LEASE_S
+from tools.chaos import ROOT, WORKER_APP_NAME, ChaosConfig, Scenario
+from tools.chaos_handlers import CHAOS_LEASE_S
 
 # How long the periodic scenario's outage waits for the schedulers to catch up with the faults before it.
 OUTAGE_CATCH_UP_S = 15.0
@@ -229,11 +229,11 @@ class PeriodicScenario(_WorkerScenario):
     """Schedules under faults: one job per slot, no gaps but those the missed policy allows, one run each."""
 
     name = "periodic"
-    handlers = "outboxq.tools.chaos_periodic_handlers"
+    handlers = "tools.chaos_periodic_handlers"
     fault_kinds = ("kill", "terminate", "pg_restart", "zombie", "pause", "outage")
 
     def ddl(self) -> list[str]:
-        from outboxq.tools.chaos_periodic_handlers import RUNS_DDL
+        from tools.chaos_periodic_handlers import RUNS_DDL
 
         return [RUNS_DDL, f'GRANT SELECT, INSERT ON chaos_periodic_runs TO "{self.app_role}"']
 
@@ -271,7 +271,7 @@ class PeriodicScenario(_WorkerScenario):
         super()._fault_outage()
 
     def _caught_up(self, after: datetime) -> bool:
-        from outboxq.tools.chaos_periodic_handlers import SCHEDULES
+        from tools.chaos_periodic_handlers import SCHEDULES
 
         with psycopg.connect(self.url) as conn:
             return all(conn.execute("SELECT EXISTS (SELECT 1 FROM outboxq_jobs WHERE key LIKE %s AND run_at > %s)",
@@ -283,8 +283,8 @@ class PeriodicScenario(_WorkerScenario):
                                 (before,)).fetchone()[0]
 
     def _check(self, settled_at: datetime) -> None:
-        from outboxq.tools.chaos_periodic_handlers import SCHEDULES
         from outboxq.workers.scheduler import MISSED_GRACE_S
+        from tools.chaos_periodic_handlers import SCHEDULES
 
         r = self.result
         with psycopg.connect(self.url) as conn:
@@ -388,19 +388,19 @@ class LimitsScenario(_WorkerScenario):
     """global_concurrency and per-key limits under faults: never more than the limit at once."""
 
     name = "limits"
-    handlers = "outboxq.tools.chaos_limits_handlers"
+    handlers = "tools.chaos_limits_handlers"
     fault_kinds = ("kill", "terminate", "pg_restart", "zombie", "pause")
     _waiting_sessions: list[tuple] = []  # (read as the wait for the last jobs ends)
 
     def ddl(self) -> list[str]:
-        from outboxq.tools.chaos_limits_handlers import RUNS_DDL
+        from tools.chaos_limits_handlers import RUNS_DDL
 
         return [RUNS_DDL, *LEASE_LOG_DDL,
                 f'GRANT SELECT, INSERT, UPDATE ON chaos_limit_runs TO "{self.app_role}"',
                 f'GRANT INSERT ON chaos_lease_log TO "{self.app_role}"']
 
     def _produce(self) -> None:
-        from outboxq.tools.chaos_limits_handlers import GLOBAL_QUEUE, KEY_QUEUE
+        from tools.chaos_limits_handlers import GLOBAL_QUEUE, KEY_QUEUE
 
         total, made = self.more.limit_jobs, 0
         step_s = 0.2
@@ -479,7 +479,7 @@ class LimitsScenario(_WorkerScenario):
             return []
 
     def _check(self) -> None:
-        from outboxq.tools.chaos_limits_handlers import GLOBAL_LIMIT, GLOBAL_QUEUE, KEY_LIMIT, KEY_QUEUE
+        from tools.chaos_limits_handlers import GLOBAL_LIMIT, GLOBAL_QUEUE, KEY_LIMIT, KEY_QUEUE
 
         r = self.result
         with psycopg.connect(self.url) as conn:
@@ -572,19 +572,19 @@ class PoisonScenario(_WorkerScenario):
     exactly once, the poisoned ones end dead with their error stored, and no worker is wedged by them."""
 
     name = "poison"
-    handlers = "outboxq.tools.chaos_poison_handlers"
+    handlers = "tools.chaos_poison_handlers"
     fault_kinds = ("kill", "terminate", "pg_restart", "zombie")
 
     def ddl(self) -> list[str]:
         # (imported here, not at the top: the poison consumers register only where this scenario runs)
-        from outboxq.tools.chaos_poison_handlers import RUNS_DDL
+        from tools.chaos_poison_handlers import RUNS_DDL
 
         return [RUNS_DDL, f'GRANT INSERT ON chaos_poison_runs TO "{self.app_role}"']
 
     def _produce(self) -> None:
         """Trickle poison_jobs over most of the duration; every POISON_EVERY-th is poisoned, its kind taken in
         turn (so that each kind has its share however small the run)."""
-        from outboxq.tools.chaos_poison_handlers import OK_QUEUE, POISON_QUEUE, POISONS
+        from tools.chaos_poison_handlers import OK_QUEUE, POISON_QUEUE, POISONS
 
         kinds = list(POISONS)
         total, made = self.more.poison_jobs, 0
@@ -663,7 +663,7 @@ class PoisonScenario(_WorkerScenario):
         return write_errors, last, escaped
 
     def _check(self, exited: list[tuple[int, int | None]]) -> None:
-        from outboxq.tools.chaos_poison_handlers import OK_QUEUE, POISON_MAX_ATTEMPTS, POISON_QUEUE, POISONS
+        from tools.chaos_poison_handlers import OK_QUEUE, POISON_MAX_ATTEMPTS, POISON_QUEUE, POISONS
 
         r = self.result
         with psycopg.connect(self.url) as conn:

@@ -1,4 +1,4 @@
-"""Handlers and schedules of `outboxq chaos --scenario periodic` (workers import this with `--handlers`).
+"""Handlers and schedules of `python -m tools chaos --scenario periodic` (workers import this with `--handlers`).
 
 Three schedules feed one queue: every second with missed="all", every second with missed="skip", and a cron
 schedule with a seconds field (every 2 s) with missed="latest". Each slot's job records its run in
@@ -12,7 +12,7 @@ import os
 from datetime import timedelta
 
 from outboxq import JobContext, consumer, periodic
-from outboxq.tools.chaos_handlers import CHAOS_LEASE_S, OPTIONS
+from tools.chaos_handlers import CHAOS_LEASE_S, OPTIONS
 
 QUEUE = "chaos-tick"
 RUNS_DDL = """

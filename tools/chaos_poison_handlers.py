@@ -1,7 +1,7 @@
-"""Handlers of `outboxq chaos --scenario poison` (workers import this with `--handlers`).
+"""Handlers of `python -m tools chaos --scenario poison` (workers import this with `--handlers`).
 
 Imported only by the scenario (its workers, and its own process for the constants below), never by
-tools/chaos.py at import: its queues must not appear in a production worker that loads the CLI.
+tools/chaos.py at import: its queues must appear in no other worker (and the product never imports tools).
 
 Two queues served by the same workers, so that hostile outcomes land in the completer's batches next to
 ordinary ones: chaos-poison-ok (ordinary jobs: the effect in chaos_effects, written in the job's own
@@ -20,8 +20,8 @@ from typing import Any
 
 import psycopg
 
-from outboxq.tools.chaos_handlers import CHAOS_LEASE_S, OPTIONS, write_effect
 from outboxq.workers import JobContext, consumer
+from tools.chaos_handlers import CHAOS_LEASE_S, OPTIONS, write_effect
 
 OK_QUEUE, POISON_QUEUE = "chaos-poison-ok", "chaos-poison"
 POISON_MAX_ATTEMPTS = 2

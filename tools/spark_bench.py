@@ -1,4 +1,4 @@
-"""`outboxq spark bench`: rows/s of claim → process → deliver, Spark (warm session) against plain Python.
+"""`python -m tools spark-bench`: rows/s of claim → process → deliver, Spark (warm session) against plain Python.
 
 Both paths run the same consumer (claim with a snapshot, one-transaction delivery with the delivery hash);
 only the engine differs: Spark's DataFrame processor, or the same computation in plain Python on the driver.
@@ -89,7 +89,7 @@ def run_bench(*, jobs: int, batch_size: int, rounds: int, master: str) -> dict[s
             _reset(url, f"spark_bench_{name}")
     medians = {name: statistics.median(r["rows_per_s"] for r in rs) for name, rs in runs.items()}
     lines = [
-        f"outboxq spark bench: {jobs} jobs per round, batches of {batch_size}, {rounds} rounds, master {master}",
+        f"spark-bench: {jobs} jobs per round, batches of {batch_size}, {rounds} rounds, master {master}",
         f"  Spark session start: {session_start_s:.1f} s; warm-up batches: "
         + "; ".join(f"{name} {', '.join(f'{s:.1f}' for s in times)} s" for name, times in warm_up_s.items()),
     ]
@@ -104,3 +104,23 @@ def run_bench(*, jobs: int, batch_size: int, rounds: int, master: str) -> dict[s
     return {"jobs": jobs, "batch_size": batch_size, "rounds": rounds, "master": master,
             "session_start_s": session_start_s, "warm_up_s": warm_up_s, "runs": runs,
             "median_rows_per_s": medians, "table": "\n".join(lines)}
+
+
+def cmd_spark_bench(args: Any) -> int:
+    """Claim → process → deliver N small jobs with Spark (warm session) and with the plain worker path."""
+    import json
+
+    results = run_bench(jobs=args.jobs, batch_size=args.batch_size, rounds=args.rounds, master=args.master)
+    print(json.dumps(results, indent=2) if args.json else results["table"])
+    return 0
+
+
+def register(sub: Any) -> None:
+    """Add `python -m tools spark-bench` (what was `outboxq spark bench`) to the tools' command."""
+    p = sub.add_parser("spark-bench", help="rows/s of Spark batches against the plain worker path")
+    p.add_argument("--jobs", type=int, default=100_000)
+    p.add_argument("--batch-size", type=int, default=100_000)
+    p.add_argument("--rounds", type=int, default=5, help="alternated rounds; figures are medians (default 5)")
+    p.add_argument("--master", default="local[2]")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_spark_bench)

@@ -1,6 +1,7 @@
-"""A quick run of each `outboxq bench` sub-benchmark with tiny sizes: it works and prints sane numbers.
+"""A quick run of each `python -m tools bench` sub-benchmark with tiny sizes: it works and prints sane numbers.
 
-Speed itself is measured by `outboxq bench`, never asserted here.
+Speed itself is measured by `python -m tools bench`, never asserted here. The harness is the checkout's
+`tools` package (tools/__main__.py), not part of outboxq.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from outboxq.cli import build_parser, main
-from outboxq.tools import spark_bench
-from outboxq.tools.bench import Bench, claim_plan, render, summarize
+from tools import spark_bench
+from tools.__main__ import build_parser, main
+from tools.bench import Bench, claim_plan, render, summarize
+
+ROOT = Path(__file__).resolve().parents[2]
 
 TINY = [
     "--jobs", "300", "--enqueue-calls", "40", "--enqueue-many-batches", "1", "--latency-samples", "10",
@@ -110,10 +113,19 @@ def test_claim_plan_uses_the_claim_index_beside_finished_jobs(db_url):
     assert plan["uses_claim_index"] and not plan["search_seq_scan"], plan
 
 
-def test_bench_is_registered_in_the_cli():
+def test_bench_is_a_subcommand_of_the_harness():
     args = build_parser().parse_args(["bench", "drain", "--compare", "--rounds", "3", "--json"])
     assert args.which == ["drain"] and args.compare and args.rounds == 3 and args.json
     assert main(["bench", "nonsense", "--quiet"]) == 2
+
+
+def test_the_harness_runs_as_python_m_tools_from_the_checkout():
+    run = subprocess.run([sys.executable, "-m", "tools", "bench", "nonsense", "--quiet"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "unknown sub-benchmark nonsense" in run.stderr, run.stderr
+    helps = subprocess.run([sys.executable, "-m", "tools", "--help"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=120)
+    assert helps.returncode == 0 and all(c in helps.stdout for c in ("bench", "chaos", "spark-bench"))
 
 
 def test_render_without_results_sections():
@@ -124,7 +136,7 @@ def test_render_without_results_sections():
 
 
 def test_summary_ratios_with_peer_runs():
-    # The peers themselves run only in `outboxq bench --compare` (a separate virtual environment, never in
+    # The peers themselves run only in `python -m tools bench --compare` (a separate virtual environment, never in
     # CI); here, made-up runs check that the summary picks the best PgQueuer configuration and the ratios.
     def run(rate: float) -> dict:
         return {"jobs_per_s": rate, "rss_start_kb": 1, "rss_end_kb": 1}
@@ -174,9 +186,10 @@ def test_summary_gives_the_flow_control_figures_as_the_issue_states_them():
 
 def test_spark_bench_warms_both_engines_and_gives_each_rounds_rows_per_second(db_url):
     # A process of its own: the bench stops its Spark session when it ends.
-    run = subprocess.run([sys.executable, "-m", "outboxq.cli", "spark", "bench", "--jobs", "300",
+    run = subprocess.run([sys.executable, "-m", "tools", "spark-bench", "--jobs", "300",
                           "--batch-size", "100", "--rounds", "2", "--master", "local[1]", "--json"],
-                         env={**os.environ, "DATABASE_URL": db_url}, capture_output=True, text=True, timeout=300)
+                         env={**os.environ, "DATABASE_URL": db_url}, cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
     assert run.returncode == 0, run.stderr[-4000:]
     results = json.loads(run.stdout)
     assert set(results["median_rows_per_s"]) == {"spark", "plain"}
@@ -188,11 +201,11 @@ def test_spark_bench_warms_both_engines_and_gives_each_rounds_rows_per_second(db
 
 
 def test_the_single_enqueue_driver_on_autocommit_commits_every_call(db_url):
-    """`outboxq bench enqueue --compare` alternates this driver with PgQueuer's single enqueue: each call its
+    """`python -m tools bench enqueue --compare` alternates this driver with PgQueuer's single enqueue: each call its
     own transaction, committed as it returns (visible to another connection)."""
     import psycopg
 
-    from outboxq.tools import bench_drivers
+    from tools import bench_drivers
 
     def written() -> int:
         with psycopg.connect(db_url) as conn:

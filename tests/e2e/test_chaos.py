@@ -1,5 +1,5 @@
-"""`outboxq chaos` scenarios in short configurations: faults injected while jobs, schedules, limited queues,
-poisoned handlers and Spark drivers run, and every invariant checked."""
+"""`python -m tools chaos` scenarios in short configurations: faults injected while jobs, schedules, limited
+queues, poisoned handlers and Spark drivers run, and every invariant checked."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from outboxq import cli
-from outboxq.tools.chaos import FAULT_KINDS, ChaosConfig, format_report, run_chaos
-from outboxq.tools.chaos_more import (
+from tools import __main__ as harness
+from tools.chaos import FAULT_KINDS, ChaosConfig, format_report, run_chaos
+from tools.chaos_more import (
     LimitsScenario,
     MoreConfig,
     PeriodicScenario,
@@ -95,7 +95,7 @@ def test_the_limit_check_counts_a_lease_revived_after_expiry_and_a_killed_run_un
 
 @pytest.mark.spark
 def test_two_spark_drivers_one_killed_mid_batch_deliver_each_result_exactly_once(capsys):
-    assert cli.main(["chaos", "--scenario", "spark", "--spark-jobs", "200", "--fault-interval", "1"]) == 0
+    assert harness.main(["chaos", "--scenario", "spark", "--spark-jobs", "200", "--fault-interval", "1"]) == 0
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("| spark |"))
     cells = [c.strip() for c in row.strip("|").split("|")]

@@ -4,6 +4,7 @@ and independent instances in separate schemas of one database."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -24,10 +25,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    """The wheel `pip install .` would install, built from this checkout."""
+    """The wheel `pip install .` would install, built from a copy of this checkout without its build outputs
+    (setuptools puts into a wheel whatever an earlier build left in build/lib, packages since removed too)."""
+    source = tmp_path_factory.mktemp("source") / "outboxq"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis", "artifacts"))
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out),
-                    str(ROOT)], check=True, capture_output=True, timeout=300)
+                    str(source)], check=True, capture_output=True, timeout=300)
     return next(out.glob("outboxq-*.whl"))
 
 
@@ -37,8 +42,20 @@ def test_the_wheel_holds_one_top_level_package(wheel):
     assert top_level == {"outboxq", next(n for n in top_level if n.endswith(".dist-info"))}
     for packaged in ("outboxq/__init__.py", "outboxq/workers/runner.py", "outboxq/spark_jobs/consumer.py",
                      "outboxq/migrations/env.py", "outboxq/migrations/versions/0001_initial_schema.py",
-                     "outboxq/migrations/script.py.mako", "outboxq/ui/static/index.html", "outboxq/tools/bench.py"):
+                     "outboxq/migrations/script.py.mako", "outboxq/ui/static/index.html"):
         assert packaged in names, packaged
+
+
+def test_the_wheel_holds_no_benchmark_chaos_or_peers_code(wheel):
+    # The harness (tools/: the benchmarks, the peers' drivers, the chaos scenarios and their handlers) is run
+    # from a checkout as `python -m tools`, never installed.
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        sources = {n: archive.read(n) for n in names if n.endswith(".py")}
+    assert [n for n in names if n.startswith(("outboxq/tools/", "tools/"))] == []
+    assert [n for n in names if n.rsplit("/", 1)[-1].startswith(("bench", "chaos"))] == []
+    peers = (b"import pgqueuer", b"from pgqueuer", b"import procrastinate", b"from procrastinate")
+    assert [n for n, text in sources.items() if any(p in text for p in peers)] == []
 
 
 def test_import_works_beside_the_users_own_app_workers_and_migrations(wheel, tmp_path):
@@ -134,7 +151,15 @@ def _use_schema(monkeypatch, schema: str) -> None:
     get_settings.cache_clear()
 
 
-def test_two_instances_in_two_schemas_never_see_each_others_jobs(bare_db, monkeypatch):
+@pytest.fixture
+def settings_after(monkeypatch):
+    """Drops the cached settings at the end of the test (before monkeypatch restores OUTBOXQ_SCHEMA): else the
+    next test's settings keep this one's schema (the session's template database was migrated into it)."""
+    yield
+    get_settings.cache_clear()
+
+
+def test_two_instances_in_two_schemas_never_see_each_others_jobs(bare_db, monkeypatch, settings_after):
     for schema in ("tenant_a", "tenant_b"):
         migrate.upgrade(bare_db, schema)
     jobs = {}

@@ -88,7 +88,7 @@ def test_rollback_leaves_nothing_and_commit_runs_the_job_once(shop, db_url, rout
                                "--handlers", "app.handlers", "--queues", "order-confirmation"], cwd=SHOP, env=env)
     try:
         wait_for(lambda: client.get(f"/outboxq/v1/jobs/{job_id}", headers=auth("read")).json()["status"] == "done",
-                 timeout=30)
+                 timeout=90)  # (a worker process starting on a loaded machine)
     finally:
         worker.terminate()
         worker.wait(timeout=20)

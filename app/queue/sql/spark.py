@@ -299,7 +299,7 @@ SELECT id, queue, processor, output_table, batch_size, master, state, jobs_claim
 FROM outboxq_spark_batches ORDER BY id DESC LIMIT %(limit)s
 """
 
-# ---------------------------------------------------------------- `outboxq spark bench` (tools/spark_bench.py)
+# ---------------------------------------------------------------- `python -m tools spark-bench` (tools/spark_bench.py)
 
 spark_bench_drop_output = "DROP TABLE IF EXISTS {table}"
 
