@@ -468,23 +468,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `outboxq` console script."""
+    return run(build_parser(), argv, "outboxq")
+
+
+def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None, name: str) -> int:
+    """Parse, configure logging (--log-level), run the subcommand; an outboxq error or a database that does
+    not answer is one line on stderr under `name` and the exit status (2: the schema is out of date; 1)."""
     import psycopg
 
     from outboxq.logs import configure_logging
 
-    parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(args.log_level)
     try:
         return int(args.func(args) or 0)
     except SchemaOutOfDate as exc:
-        print(f"outboxq: {exc}", file=sys.stderr)
+        print(f"{name}: {exc}", file=sys.stderr)
         return 2
     except OutboxqError as exc:
-        print(f"outboxq: {exc}", file=sys.stderr)
+        print(f"{name}: {exc}", file=sys.stderr)
         return 1
     except psycopg.OperationalError as exc:  # the database did not answer (after waiting, where a command waits)
-        print(f"outboxq: cannot reach the database: {exc}", file=sys.stderr)
+        print(f"{name}: cannot reach the database: {exc}", file=sys.stderr)
         return 1
 
 

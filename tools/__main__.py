@@ -30,26 +30,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse, configure logging as the `outboxq` command does, run the subcommand; report outboxq's errors as
-    that command does."""
-    import psycopg
+    """Run the subcommand as the `outboxq` command runs its own (logging, outboxq's errors)."""
+    from outboxq.cli import run
 
-    from outboxq.errors import OutboxqError, SchemaOutOfDate
-    from outboxq.logs import configure_logging
-
-    args = build_parser().parse_args(argv)
-    configure_logging(args.log_level)
-    try:
-        return int(args.func(args) or 0)
-    except SchemaOutOfDate as exc:
-        print(f"python -m tools: {exc}", file=sys.stderr)
-        return 2
-    except OutboxqError as exc:
-        print(f"python -m tools: {exc}", file=sys.stderr)
-        return 1
-    except psycopg.OperationalError as exc:
-        print(f"python -m tools: cannot reach the database: {exc}", file=sys.stderr)
-        return 1
+    return run(build_parser(), argv, "python -m tools")
 
 
 if __name__ == "__main__":
