@@ -7,7 +7,7 @@ from pathlib import Path
 from starlette.datastructures import URL, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-STATIC_DIR = Path(__file__).parent / "static"
+STATIC_DIR = Path(__file__).resolve().parent / "static"  # (through a development install's link too)
 
 
 # The dashboard is same-origin static files: no inline script, no third party, never framed.

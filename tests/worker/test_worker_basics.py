@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -204,9 +205,14 @@ def test_a_worker_started_before_its_database_answers_waits_for_it_then_works(pg
     name = f"outboxq_late_{os.getpid()}"
     url = url_with_database(pg_server_url, name)
     proc = _start_worker(url, "--queues", "count")
+    err_lines: list[bytes] = []
+    reader = threading.Thread(target=lambda: err_lines.extend(iter(proc.stderr.readline, b"")), daemon=True)
+    reader.start()
     try:
-        time.sleep(2.0)
-        assert proc.poll() is None, proc.communicate()[1].decode()
+        # The database is created once the worker says it waits for it (a slow start must not find it there).
+        wait_for(lambda: any(b"waiting up to 30 s for the database" in line for line in err_lines)
+                 or proc.poll() is not None, timeout=60)
+        assert proc.poll() is None, b"".join(err_lines).decode()
         with psycopg.connect(pg_server_url, autocommit=True) as c:
             c.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_db}"')
         with psycopg.connect(url) as conn:
@@ -215,9 +221,7 @@ def test_a_worker_started_before_its_database_answers_waits_for_it_then_works(pg
             conn.commit()
             wait_for(lambda: get_job(conn, job.id).status == JobStatus.DONE, timeout=30)
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=20)
-        assert proc.returncode == 0
-        assert b"waiting up to 30 s for the database" in err
+        assert proc.wait(timeout=20) == 0, b"".join(err_lines).decode()
     finally:
         if proc.poll() is None:
             proc.kill()
