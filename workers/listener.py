@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import psycopg
 
-from outboxq.queue.schema import NOTIFY_CHANNEL
+from outboxq.queue import sql
 from outboxq.workers.rooms import Rooms
 
 log = logging.getLogger("outboxq.worker")
@@ -44,7 +44,7 @@ class Listener:
             try:
                 with psycopg.connect(self.url, autocommit=True) as conn:
                     self._conn = conn
-                    conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    conn.execute(sql.job_notifications_listen)
                     self.ready.set()
                     # Wake every queue once after (re)connecting: notifications sent meanwhile were lost.
                     self.on_notify("*")

@@ -86,38 +86,34 @@ def app_role_statements(role: str, *, component: str = "all", password: str | No
     timeout_ms = int(1000 * (profile.statement_timeout_s if statement_timeout_s is None else statement_timeout_s))
     limit = profile.connection_limit if connection_limit is None else connection_limit
     ident = pgsql.Identifier(role)
-    # ALTER ROLE leaves NOSUPERUSER out: only a superuser may state it there, and an operator with CREATEROLE
-    # may update the roles it made (create_app_role refuses to update a superuser anyway).
-    create = (pgsql.SQL("ALTER ROLE {} LOGIN NOCREATEDB NOCREATEROLE NOINHERIT CONNECTION LIMIT {}") if existing else
-              pgsql.SQL("CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT CONNECTION LIMIT {}")
-              ).format(ident, pgsql.Literal(limit))
+    create = roles_sql.composed(roles_sql.role_alter if existing else roles_sql.role_create,
+                                role=ident, connection_limit=pgsql.Literal(limit))
     if password is not None:
-        create = pgsql.SQL("{} PASSWORD {}").format(create, pgsql.Literal(password))
-
-    def tables(names: list[str]) -> pgsql.Composable:
-        return pgsql.SQL(", ").join(pgsql.Identifier(schema, t) for t in names)
-
+        create = roles_sql.composed(roles_sql.role_with_password, statement=create, password=pgsql.Literal(password))
     everything = sorted(metadata.tables)
+    schema_ident = pgsql.Identifier(schema)
     statements = [create]
     if existing:  # what an earlier profile granted (a worker role made an api role, say) goes first
-        statements.append(pgsql.SQL("REVOKE ALL ON {} FROM {}").format(tables([*everything, VERSION_TABLE]), ident))
+        statements.append(roles_sql.composed(roles_sql.role_revoke_tables,
+                                             tables=roles_sql.table_list(schema, [*everything, VERSION_TABLE]),
+                                             role=ident))
     if database is not None:
-        statements.append(pgsql.SQL(roles_sql.database_grant_connect).format(
-            database=pgsql.Identifier(database), role=ident))
+        statements.append(roles_sql.composed(roles_sql.database_grant_connect,
+                                             database=pgsql.Identifier(database), role=ident))
+    deletable = everything if profile.deletes_everywhere else list(API_DELETABLE)
     statements += [
-        pgsql.SQL("ALTER ROLE {} SET statement_timeout = {}").format(ident, pgsql.Literal(timeout_ms)),
-        pgsql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(pgsql.Identifier(schema), ident),
-        pgsql.SQL("GRANT SELECT, INSERT, UPDATE ON {} TO {}").format(tables(everything), ident),
-        pgsql.SQL("GRANT DELETE ON {} TO {}").format(
-            tables(everything if profile.deletes_everywhere else list(API_DELETABLE)), ident),
-        pgsql.SQL("GRANT SELECT ON {} TO {}").format(pgsql.Identifier(schema, VERSION_TABLE), ident),
-        pgsql.SQL("GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA {} TO {}").format(pgsql.Identifier(schema), ident),
+        roles_sql.composed(roles_sql.role_set_statement_timeout, role=ident, timeout_ms=pgsql.Literal(timeout_ms)),
+        roles_sql.composed(roles_sql.schema_grant_usage, schema=schema_ident, role=ident),
+        roles_sql.composed(roles_sql.tables_grant_write, tables=roles_sql.table_list(schema, everything), role=ident),
+        roles_sql.composed(roles_sql.tables_grant_delete, tables=roles_sql.table_list(schema, deletable), role=ident),
+        roles_sql.composed(roles_sql.table_grant_select, table=pgsql.Identifier(schema, VERSION_TABLE), role=ident),
+        roles_sql.composed(roles_sql.sequences_grant_use, schema=schema_ident, role=ident),
     ]
     if profile.creates_results:
         results = pgsql.Identifier(results_schema)
         statements += [
-            pgsql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(results),
-            pgsql.SQL("GRANT USAGE, CREATE ON SCHEMA {} TO {}").format(results, ident),
+            roles_sql.composed(roles_sql.results_schema_create, schema=results),
+            roles_sql.composed(roles_sql.results_schema_grant, schema=results, role=ident),
         ]
     return statements
 
@@ -165,18 +161,18 @@ def lock_down_public(conn: Any) -> list[str]:
     the application's own roles connect to it too (outboxq's hold CONNECT there themselves)."""
     cur = _tuples(conn)
     database = cur.execute(roles_sql.database_current).fetchone()[0]
-    conn.execute(pgsql.SQL(roles_sql.database_revoke_public_temporary).format(database=pgsql.Identifier(database)))
+    conn.execute(roles_sql.composed(roles_sql.database_revoke_public_temporary, database=pgsql.Identifier(database)))
     others = [r[0] for r in cur.execute(roles_sql.database_others).fetchall()]
     for name in others:
-        conn.execute(pgsql.SQL(roles_sql.database_revoke_public_connect).format(database=pgsql.Identifier(name)))
+        conn.execute(roles_sql.composed(roles_sql.database_revoke_public_connect, database=pgsql.Identifier(name)))
     return others
 
 
 def drop_app_role(conn: Any, role: str) -> None:
     """Revoke what the role was granted in this database and drop it."""
     ident = pgsql.Identifier(role)
-    conn.execute(pgsql.SQL("DROP OWNED BY {}").format(ident))
-    conn.execute(pgsql.SQL("DROP ROLE IF EXISTS {}").format(ident))
+    conn.execute(roles_sql.composed(roles_sql.role_drop_owned, role=ident))
+    conn.execute(roles_sql.composed(roles_sql.role_drop, role=ident))
 
 
 def _tuples(conn: Any) -> Any:

@@ -307,19 +307,3 @@ VERSION_TABLE = "outboxq_alembic_version"
 NOTIFY_CHANNEL = "outboxq_jobs"
 # Sent on NOTIFY_CHANNEL when a running job's cancel is requested (no queue name can contain "!").
 CANCEL_NOTICE = "!cancel"
-
-# The trigger that sent the wake-up notification for new jobs from migration 0001 to 0006 (0007 drops it: the
-# statements that write jobs notify, sql.jobs.NOTIFY_IF_READY). Kept for those migrations, up and down.
-NOTIFY_FUNCTION_DDL = f"""
-CREATE OR REPLACE FUNCTION outboxq_notify_new_jobs() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    -- One notification per queue per statement; PostgreSQL folds duplicates within a transaction.
-    PERFORM pg_notify('{NOTIFY_CHANNEL}', q.queue)
-      FROM (SELECT DISTINCT queue FROM new_jobs WHERE status = 'queued' AND run_at <= now()) AS q;
-    RETURN NULL;
-END $$;
-"""
-NOTIFY_TRIGGER_DDL = """
-CREATE TRIGGER outboxq_jobs_notify_new AFTER INSERT ON outboxq_jobs
-REFERENCING NEW TABLE AS new_jobs FOR EACH STATEMENT EXECUTE FUNCTION outboxq_notify_new_jobs();
-"""

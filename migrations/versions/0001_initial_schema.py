@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-from outboxq.queue.schema import NOTIFY_FUNCTION_DDL, NOTIFY_TRIGGER_DDL
+from outboxq.queue.sql.schema_ddl import NOTIFY_FUNCTION_DDL, NOTIFY_TRIGGER_DDL
 
 revision = "0001"
 down_revision = None

@@ -11,7 +11,7 @@ Revises: 0006
 
 from alembic import op
 
-from outboxq.queue.schema import NOTIFY_FUNCTION_DDL, NOTIFY_TRIGGER_DDL
+from outboxq.queue.sql.schema_ddl import NOTIFY_FUNCTION_DDL, NOTIFY_TRIGGER_DDL
 
 revision = "0007"
 down_revision = "0006"

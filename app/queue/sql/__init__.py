@@ -4,8 +4,9 @@ else in outboxq's product code writes SQL.
 - jobs: outboxq_jobs and its dependency and history tables (enqueue, claim, complete, fail, operators' actions);
 - queues, maintenance (rescue, promote, prune), stats (stats routes and /metrics), idempotency, secrets,
   schema_version, leader (maintenance leadership): re-exported here, so `sql.job_claim_batch` names them all;
-- limits (flow control), schedules (periodic jobs), spark (Spark consumers) and roles (what `create-role`'s
-  roles may do through PUBLIC): imported as modules.
+- limits (flow control), schedules (periodic jobs), spark (Spark consumers), roles (`create-role`'s roles: their
+  creation and grants, and what they may do through PUBLIC) and schema_ddl (the DDL that migrations share):
+  imported as modules.
 
 Statements that depend on time take a `now` parameter where tests need to move the clock.
 """

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from outboxq.queue.schema import CANCEL_NOTICE, KEY_HELD_PREDICATE, NOTIFY_CHANNEL
 
-JOB_COLUMNS = (
+# A job's columns, in this order; `result` named apart so that the listing can leave it out (_FEED_COLUMNS).
+_COLUMNS_BEFORE_RESULT = (
     "id, queue, key, status, payload, payload_bytes, priority, run_at, attempts, max_attempts, "
     "last_error, last_traceback, waiting_reason, cancel_requested, context, created_at, started_at, "
-    "attempt_started_at, finished_at, unique_scope, on_dependency_failure, snoozes, result, progress, "
-    "progress_message"
+    "attempt_started_at, finished_at, unique_scope, on_dependency_failure, snoozes"
 )
+_COLUMNS_AFTER_RESULT = "progress, progress_message"
+JOB_COLUMNS = f"{_COLUMNS_BEFORE_RESULT}, result, {_COLUMNS_AFTER_RESULT}"
 
 # A job written ready to run wakes the workers of its queue: a notification sent at COMMIT (none on rollback;
 # PostgreSQL folds a transaction's repeats), in the statement that writes the job. The AFTER INSERT trigger that
@@ -66,6 +68,9 @@ JOB_COPY_COLUMNS = ("id", "queue", "payload", "payload_bytes", "priority", "run_
 
 # After a COPY of jobs ready to run (COPY returns nothing to notify from): wake the queue's workers.
 job_notify_ready = f"SELECT pg_notify('{NOTIFY_CHANNEL}', %(queue)s)"
+
+# The worker's listener (outboxq.workers.listener): the new-work and cancel notifications of every queue.
+job_notifications_listen = f"LISTEN {NOTIFY_CHANNEL}"
 
 
 def job_copy(columns: tuple[str, ...]) -> str:
@@ -187,23 +192,23 @@ generic_plans = ("SELECT set_config('plan_cache_mode', 'force_generic_plan', {lo
 # global_concurrency=4 drain writes one or two outcomes at a time).
 session_generic_plans = generic_plans.format(local="false")
 
-# One statement: read the queue's state (paused, failing), lock fresh jobs with SKIP LOCKED, and while the
-# queue is failing take at most one retrying job (and none while another retry is in flight), so that a
-# downstream that is down sees one probe at a time instead of every retry at once. The picked ids go to the
-# UPDATE as an array: a join would let the planner hash-join a sequential scan of the whole table.
-job_claim_batch = f"""
-WITH queue_state AS (
+# The parts of job_claim_batch, which the claims of limited queues (sql.limits) are built from as well, so that
+# the limited and the unlimited claims cannot drift apart: the queue_state CTE (paused, failing); the fresh and
+# retry CTEs, which pick at most {limit} jobs (a template: "%(limit)s" in job_claim_batch, the queue's allowance
+# in sql.limits); and the UPDATE ... RETURNING that claims the picked jobs.
+CLAIM_QUEUE_STATE = """queue_state AS (
     SELECT coalesce(bool_or(paused), false) AS paused,
            coalesce(bool_or(failing_since IS NOT NULL), false) AS failing
     FROM outboxq_queues WHERE queue = %(queue)s
-),
-fresh AS (
+)"""
+
+CLAIM_CANDIDATES = f"""fresh AS (
     SELECT id FROM outboxq_jobs
     WHERE queue = %(queue)s AND status = 'queued' AND run_at <= now()
       AND (priority, run_at, id) > ({CLAIM_CURSOR})
       AND NOT (SELECT paused FROM queue_state)
     ORDER BY priority, run_at, id
-    LIMIT %(limit)s
+    LIMIT {{limit}}
     FOR UPDATE SKIP LOCKED
 ),
 retry AS (
@@ -214,15 +219,25 @@ retry AS (
            OR NOT EXISTS (SELECT 1 FROM outboxq_jobs r
                           WHERE r.status = 'running' AND r.queue = %(queue)s AND r.attempts > 1))
     ORDER BY run_at, id
-    LIMIT greatest(0, least(CASE WHEN (SELECT failing FROM queue_state) THEN 1 ELSE %(limit)s END,
-                            %(limit)s - (SELECT count(*) FROM fresh)))
+    LIMIT greatest(0, least(CASE WHEN (SELECT failing FROM queue_state) THEN 1 ELSE {{limit}} END,
+                            {{limit}} - (SELECT count(*) FROM fresh)))
     FOR UPDATE SKIP LOCKED
-)
-UPDATE outboxq_jobs j
+)"""
+
+CLAIM_UPDATE = f"""UPDATE outboxq_jobs j
 {CLAIM_SET}
 WHERE j.id = ANY(ARRAY(SELECT id FROM fresh UNION ALL SELECT id FROM retry))
 RETURNING j.id, j.queue, j.key, j.payload, j.payload_bytes, j.attempts, j.max_attempts, j.context,
-          j.priority, j.run_at, (SELECT failing FROM queue_state) AS queue_failing
+          j.priority, j.run_at, (SELECT failing FROM queue_state) AS queue_failing"""
+
+# One statement: read the queue's state (paused, failing), lock fresh jobs with SKIP LOCKED, and while the
+# queue is failing take at most one retrying job (and none while another retry is in flight), so that a
+# downstream that is down sees one probe at a time instead of every retry at once. The picked ids go to the
+# UPDATE as an array: a join would let the planner hash-join a sequential scan of the whole table.
+job_claim_batch = f"""
+WITH {CLAIM_QUEUE_STATE},
+{CLAIM_CANDIDATES.format(limit="%(limit)s")}
+{CLAIM_UPDATE}
 """
 
 # Claim one given job (test helpers run a chosen job deterministically); same columns as job_claim_batch.
@@ -398,7 +413,8 @@ FOR UPDATE
 # Jobs of one queue after a position, below the reader's snapshot xmin, in (created_xid, id) order.
 # A job's result is read only when the listing asks for it: results may be large (OUTBOXQ_MAX_RESULT_BYTES each),
 # and a page holds up to 1,000 jobs.
-_FEED_COLUMNS = JOB_COLUMNS.replace(" result,", " CASE WHEN %(include_result)s THEN result END AS result,")
+_FEED_COLUMNS = (f"{_COLUMNS_BEFORE_RESULT}, CASE WHEN %(include_result)s THEN result END AS result, "
+                 f"{_COLUMNS_AFTER_RESULT}")
 
 job_feed_page = f"""
 SELECT {_FEED_COLUMNS}, created_xid

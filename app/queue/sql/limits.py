@@ -21,8 +21,8 @@ unchanged. A limited queue's claim (the dispatcher's) is two statements in one t
    allowance (less `reserve`: SHARED_RESERVE in a shared slot, 0 in an exclusive claim), and log the starts
    of rate-limited queues, in one statement.
 
-Both claims end with the UPDATE ... RETURNING of sql.job_claim_batch itself (the same columns set, the same
-rows returned), so that the limited and the unlimited claims cannot drift apart.
+Both claims end with sql.CLAIM_UPDATE, the UPDATE ... RETURNING of sql.job_claim_batch itself (the same columns
+set, the same rows returned), so that the limited and the unlimited claims cannot drift apart.
 
 The completer's claims into the slots that its completions free (`job_complete_handing_over`, where a global
 concurrency is a queue's only limit) take no claim slot: see there.
@@ -232,17 +232,6 @@ def _compact(statement: str) -> str:
     return "\n".join(line for line in lines if line)
 
 
-_CLAIM_HEAD = "WITH queue_state AS ("
-_CLAIM_FRESH = "),\nfresh AS ("
-_CLAIM_UPDATE = "UPDATE outboxq_jobs j\n"
-for _anchor in (_CLAIM_HEAD, _CLAIM_FRESH, _CLAIM_UPDATE):
-    if sql.job_claim_batch.count(_anchor) != 1:  # pragma: no cover - a guard for whoever edits that claim
-        raise RuntimeError(f"limits_sql builds on sql.job_claim_batch and expects {_anchor!r} in it once")
-
-# sql.job_claim_batch's queue_state CTE (paused, failing) and its UPDATE ... RETURNING.
-_QUEUE_STATE = sql.job_claim_batch[:sql.job_claim_batch.index(_CLAIM_FRESH) + 1].strip().removeprefix("WITH ")
-_UPDATE_RETURNING = sql.job_claim_batch[sql.job_claim_batch.index(_CLAIM_UPDATE):].strip()
-
 _LIMITS = f"""
 flow_limits AS (
     SELECT global_concurrency, rate_limit_count, per_key,
@@ -265,14 +254,13 @@ flow_forgotten AS (
                  FOR UPDATE SKIP LOCKED)
 )"""
 
-# sql.job_claim_batch as CTEs (queue_state, fresh, retry, flow_claimed: its UPDATE ... RETURNING, left open),
-# with its limit replaced by a flow_allowance CTE's n.
-_CLAIM_WITHIN_ALLOWANCE = (
-    sql.job_claim_batch.strip()
-    .replace(_CLAIM_HEAD, "queue_state AS (", 1)
-    .replace("%(limit)s", "coalesce((SELECT n FROM flow_allowance), 0)")
-    .replace(_CLAIM_UPDATE, ",\nflow_claimed AS (\n" + _CLAIM_UPDATE, 1)
-)
+# sql.job_claim_batch's parts as CTEs (queue_state, fresh and retry: sql.CLAIM_QUEUE_STATE and
+# sql.CLAIM_CANDIDATES, with its limit replaced by a flow_allowance CTE's n; flow_claimed: its UPDATE ...
+# RETURNING, sql.CLAIM_UPDATE, left open).
+_CLAIM_WITHIN_ALLOWANCE = f"""{sql.CLAIM_QUEUE_STATE},
+{sql.CLAIM_CANDIDATES.format(limit="coalesce((SELECT n FROM flow_allowance), 0)")},
+flow_claimed AS (
+{sql.CLAIM_UPDATE}"""
 
 # The queue's running jobs, as every limited claim counts them: a job whose lease expired no longer counts (its
 # worker is gone; the rescue will requeue it).
@@ -404,7 +392,7 @@ flow_recent AS (
     WHERE queue = %(queue)s AND started_at > clock_timestamp() - (SELECT rate_window FROM flow_limits)
     GROUP BY limit_key
 ),
-""" + _QUEUE_STATE + """,
+""" + sql.CLAIM_QUEUE_STATE + """,
 flow_allowance AS (
     SELECT k.limit_key, k.pos, k.priority, k.run_at, k.id,
            greatest(0, least(l.global_concurrency - %(reserve)s - coalesce(r.n, 0),
@@ -439,7 +427,7 @@ flow_picked AS (
 fresh AS (SELECT id FROM flow_picked),
 retry AS (SELECT NULL::bigint AS id WHERE false),
 flow_claimed AS (
-""" + _UPDATE_RETURNING + """, j.limit_key
+""" + sql.CLAIM_UPDATE + """, j.limit_key
 ),
 flow_claimed_keys AS (SELECT limit_key, count(*)::int AS n FROM flow_claimed GROUP BY limit_key),"""
     + _STARTS
