@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import re
+import shutil
 import time
 
 import psycopg
 from psycopg import sql as pgsql
+
+# The browser of the browser tests (scripts/test installs Debian's chromium when it is missing).
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 
 def wait_for(predicate, timeout: float = 30.0, interval: float = 0.02):

@@ -6,7 +6,6 @@ Screenshots go to artifacts/screenshots/ (not in git).
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -23,14 +22,11 @@ from outboxq.queue import limits
 from outboxq.queue.jobs import JobStatus
 from outboxq.workers.registry import Consumer
 from outboxq.workers.runner import Worker
-from tests.support import wait_for
+from tests.support import CHROMIUM, CHROMIUM_ARGS, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "artifacts" / "screenshots"
 TOKEN = "dashboard-test-admin-token"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
 failing = {"on": True}
 

@@ -8,7 +8,6 @@ import base64
 import hashlib
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -28,7 +27,7 @@ from outboxq.queue import limits
 from outboxq.queue.sql import spark as spark_sql
 from outboxq.workers.registry import Consumer
 from tests.api_support import TOKEN_SPEC, TOKENS, api_client, api_settings, auth, count, job_count
-from tests.support import wait_for
+from tests.support import CHROMIUM, CHROMIUM_ARGS, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 MiB = 1024 * 1024
@@ -339,8 +338,6 @@ def test_the_python_api_refuses_a_limit_of_zero_too(db_url):
 
 # ---------------------------------------------------------------- 5. the documentation pages' headers
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
 
 def test_docs_redoc_and_openapi_send_the_dashboards_security_headers(db_url):
     with api_client(db_url, None) as client:
@@ -365,7 +362,6 @@ def test_docs_redoc_and_openapi_send_the_dashboards_security_headers(db_url):
         assert "content-security-policy" not in client.get("/healthz").headers  # the API's JSON is left alone
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="needs a Chromium")
 def test_swagger_ui_and_redoc_work_under_their_policy(db_url):
     from playwright.sync_api import sync_playwright
 
@@ -379,8 +375,7 @@ def test_swagger_ui_and_redoc_work_under_their_policy(db_url):
             assert thread.is_alive()
             time.sleep(0.02)
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                        args=["--no-sandbox", "--disable-gpu", "--no-first-run"])
+            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
             try:
                 for path, rendered in (("/docs", ".swagger-ui .info .title"), ("/redoc", "h1")):
                     page = browser.new_page()
