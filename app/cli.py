@@ -367,8 +367,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="outboxq", description=__doc__)
     parser.add_argument("--log-level", default="INFO")
     sub = parser.add_subparsers(dest="command", required=True)
-
     sub.add_parser("migrate", help="apply the database migrations").set_defaults(func=cmd_migrate)
+    _add_run_commands(sub)
+    _add_operator_commands(sub)
+    _add_create_role(sub)
+    # Imported explicitly: a broken import is an error with its message. It imports its heavy dependency
+    # (PySpark) only when its command runs. (The benchmark and chaos harness is not part of the package: it is
+    # run from a checkout, `python -m tools bench|chaos`.)
+    from outboxq.spark_jobs import cli as spark_cli
+
+    spark_cli.register(sub)
+    return parser
+
+
+def _add_run_commands(sub: Any) -> None:
+    """The commands that run something: serve, worker, demo."""
 
     p = sub.add_parser("serve", help="run the HTTP service")
     p.add_argument("--host")
@@ -389,14 +402,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "OUTBOXQ_WORKER_PROCESSES, else auto")
     p.set_defaults(func=cmd_worker)
 
-    p = sub.add_parser("periodic", help="the periodic schedules, their last and next slots")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_periodic)
-
     p = sub.add_parser("demo", help="run the demo on the embedded (or configured) PostgreSQL")
     p.add_argument("--orders", type=int, default=300)
     p.add_argument("--example-dir", help="the example shop's folder (default: ./examples/shop)")
     p.set_defaults(func=cmd_demo)
+
+
+def _add_operator_commands(sub: Any) -> None:
+    """The commands that look at or change the queue: periodic, queues, pause/resume, jobs, stats."""
+    p = sub.add_parser("periodic", help="the periodic schedules, their last and next slots")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_periodic)
 
     p = sub.add_parser("queues", help="queues and their job counts, limits and usage")
     p.add_argument("--json", action="store_true")
@@ -433,6 +449,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_stats)
 
+
+def _add_create_role(sub: Any) -> None:
+    """create-role: the least-privilege database role of one component."""
     p = sub.add_parser("create-role", help="create the least-privilege database role of one component")
     p.add_argument("role")
     p.add_argument("--for", dest="component", choices=["api", "worker", "spark", "all"], default="all",
@@ -456,14 +475,6 @@ def build_parser() -> argparse.ArgumentParser:
                         "connect elsewhere. PUBLIC is every role: those that held these only through PUBLIC lose "
                         "them too (owners and superusers keep them). Meant for a server of outboxq's own")
     p.set_defaults(func=cmd_create_role)
-
-    # Imported explicitly: a broken import is an error with its message. It imports its heavy dependency
-    # (PySpark) only when its command runs. (The benchmark and chaos harness is not part of the package: it is
-    # run from a checkout, `python -m tools bench|chaos`.)
-    from outboxq.spark_jobs import cli as spark_cli
-
-    spark_cli.register(sub)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -72,8 +72,8 @@ def instrument_app(app: Any) -> None:
     """Make the API's requests spans, when opentelemetry-instrumentation-fastapi is installed and a tracer
     provider is configured before the app is created (`opentelemetry-instrument` does that).
 
-    Without a provider the middleware's spans record nothing but still cost: about 1.2 ms of a 1,000-job batch
-    request, a sixth of the route's own time. The spans of each ASGI receive and send are left out: a large
+    Without a provider the middleware's spans record nothing but still cost: about a sixth of a large batch
+    request's own route time. The spans of each ASGI receive and send are left out: a large
     body arrives in many messages, each a span, and the request's span says what they would."""
     if not enabled():
         return

@@ -51,7 +51,10 @@ SLOW_PATHS = ("tests/spark/", "tests/e2e/", "tests/http/test_api_schemathesis.py
               "tests/worker/test_worker_basics.py::test_several_worker_processes_never_run_the_same_job_twice",
               "tests/worker/test_worker_basics.py::test_a_worker_started_before_its_database_answers",
               "tests/worker/test_worker_basics.py::test_a_worker_gives_up_on_a_database_that_never_answers",
-              "tests/worker/test_rooms_survive.py::test_a_room_failing_again_and_again_makes_outboxq_worker_exit")
+              "tests/worker/test_rooms_survive.py::test_a_room_failing_again_and_again_makes_outboxq_worker_exit",
+              "tests/worker/test_flow_control.py::test_global_concurrency_holds_across_worker_processes",
+              "tests/worker/test_flow_control.py::test_sigkilled_workers_slots_come_back",
+              "tests/worker/test_runtime_leases.py::test_sigkilled_worker_jobs_are_rescued")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

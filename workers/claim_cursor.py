@@ -1,4 +1,4 @@
-"""Where a worker's next claim of a queue starts reading the claim index (issue 17, dead rows).
+"""Where a worker's next claim of a queue starts reading the claim index (dead rows).
 
 A claim takes the first ready jobs in (priority, run_at, id) order. A claimed job's entry stays in the claim
 index until vacuum removes it, and while any transaction holds an old snapshot vacuum may not: every claim

@@ -180,7 +180,7 @@ class ClaimStatements:
             job.ctx = JobContext(
                 job_id=job.id, queue=job.queue, key=job.key, attempt=job.attempts,
                 max_attempts=job.max_attempts, lease_token=lease_token, consumer_id=consumer.id,
-                captured_context=job.context, connection_factory=s.thread_connection,
+                captured_context=job.context or {}, connection_factory=s.thread_connection,
             )
             jobs.append(job)
         return jobs

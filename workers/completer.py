@@ -49,7 +49,7 @@ class Completer:
         pending = self.pending
         try:
             # Up front: the first outcomes do not wait for a new session (a connection, then the catalog reads
-            # of its first statements: 12-15 ms after the first job of a global_concurrency=4 drain).
+            # of its first statements).
             self.conn = self._connect()
         except psycopg.Error as exc:
             log.warning("completer: cannot connect and prepare (%s); trying again when an outcome comes", exc)

@@ -7,6 +7,7 @@ import logging
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -25,36 +26,24 @@ def delivery_hash(consumer_id: str, job_id: int) -> str:
     return hashlib.sha256(f"{consumer_id}\x00{job_id}".encode()).hexdigest()
 
 
+@dataclass(eq=False, kw_only=True)
 class JobContext:
     """Passed to each handler as `ctx`: the job's identity, its attempt, cancellation, and ctx.transaction()."""
 
-    def __init__(
-        self,
-        *,
-        job_id: int,
-        queue: str,
-        key: str | None,
-        attempt: int,
-        max_attempts: int | None,
-        lease_token: uuid.UUID,
-        consumer_id: str,
-        captured_context: dict[str, Any] | None = None,
-        connection_factory: Callable[[], psycopg.Connection[Any]] | None = None,
-    ):
-        self.job_id = job_id
-        self.queue = queue
-        self.key = key
-        self.attempt = attempt
-        self.max_attempts = max_attempts
-        self.lease_token = lease_token
-        self.consumer_id = consumer_id
-        self.captured_context = captured_context or {}
-        self._connection_factory = connection_factory
-        # A plain flag, not an Event: set by the worker's heartbeat thread, read by the handler; nothing waits
-        # on it, and a job context is made for every job on the hot path.
-        self._cancelled = False
-        self.fenced = False
-        self.completed_in_transaction = False
+    job_id: int
+    queue: str
+    key: str | None
+    attempt: int
+    max_attempts: int | None
+    lease_token: uuid.UUID
+    consumer_id: str
+    captured_context: dict[str, Any] = field(default_factory=dict)
+    connection_factory: Callable[[], psycopg.Connection[Any]] | None = None
+    # A plain flag, not an Event: set by the worker's heartbeat thread, read by the handler; nothing waits
+    # on it, and a job context is made for every job on the hot path.
+    _cancelled: bool = field(default=False, init=False)
+    fenced: bool = field(default=False, init=False)
+    completed_in_transaction: bool = field(default=False, init=False)
 
     @cached_property
     def log(self) -> logging.LoggerAdapter:
@@ -89,9 +78,9 @@ class JobContext:
                                "characters")
         # (a message only describes: what PostgreSQL cannot hold is escaped rather than refused)
         message = storable.diagnostic_text(message, 4 * MAX_PROGRESS_MESSAGE)
-        if self._connection_factory is None:
+        if self.connection_factory is None:
             raise RuntimeError("ctx.set_progress() needs a worker (or outboxq.testing) to provide connections")
-        conn = self._connection_factory()
+        conn = self.connection_factory()
         row = conn.execute(sql.job_set_progress, {"id": self.job_id, "lease_token": self.lease_token,
                                                   "progress": float(fraction), "message": message}).fetchone()
         if row is None:
@@ -106,9 +95,9 @@ class JobContext:
         is raised and nothing is written. On a normal exit the job is completed in the same transaction, so
         the effect happens exactly once even if the worker dies at any point.
         """
-        if self._connection_factory is None:
+        if self.connection_factory is None:
             raise RuntimeError("ctx.transaction() needs a worker (or outboxq.testing) to provide connections")
-        conn = self._connection_factory()
+        conn = self.connection_factory()
         try:
             with conn.transaction():
                 row = conn.execute(

@@ -235,8 +235,8 @@ class Dispatcher:
 
     def prepare_handovers(self, conn: DictConnection) -> None:
         """Run the completion that hands slots over once with no job where a consumer declares a limit that hands
-        over (the completer, on connecting): a new session's first run of it reads the catalog and plans it
-        (11-12 ms measured), off the path from a job's end to the next one's start. (A limit an operator set is
+        over (the completer, on connecting): a new session's first run of it reads the catalog and plans it, off
+        the path from a job's end to the next one's start. (A limit an operator set is
         not foreseen: its first handover pays that.)"""
         for consumer in self.state.consumers.values():
             if self.flow.hands_over(consumer.limits):

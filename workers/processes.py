@@ -1,7 +1,7 @@
 """`outboxq worker --processes N`: N worker processes under one supervisor, so one worker uses several cores.
 
 One Python process runs its handlers, claims and completions under one GIL; a second process claims and
-completes while the first waits on PostgreSQL (issue 17: the drain is bound by two serial statement streams
+completes while the first waits on PostgreSQL (the drain is bound by two serial statement streams
 with the cores partly idle). Each child is a whole `outboxq worker` (its own connections, leases and
 heartbeat); nothing is shared but the database, exactly as between workers on different hosts.
 

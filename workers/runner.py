@@ -128,13 +128,13 @@ class Worker:
         if s.settings.worker_switch_interval_s > 0:
             # The claim and completion threads wait on the database; with the interpreter's default 5 ms
             # switch interval each of their wake-ups can wait that long for the GIL behind busy handler
-            # threads, and the whole pipeline slows down (measured: +15-30% drain throughput at 1 ms).
+            # threads, and the whole pipeline slows down.
             sys.setswitchinterval(s.settings.worker_switch_interval_s)
         if any(c.is_async for c in s.consumers.values()):
             s.async_loop = AsyncLoop()
         # The dispatcher first: its connection and first claim are the path to the first job's start; spawned
-        # after the other rooms it started connecting 13-17 ms later (first job 52 -> 45 ms after start() at the
-        # median of 8 global_concurrency=4 traces; the claimed jobs wait in `work` for the handler threads).
+        # after the other rooms it started connecting later, and so did the first job (the claimed jobs wait in
+        # `work` for the handler threads).
         self._spawn(self.dispatcher.loop, "dispatcher")
         for _ in range(s.concurrency):
             self.handlers.spawn()

@@ -107,8 +107,8 @@ class OutboxqRoute(APIRoute):
 
 class FastJsonRequest(Request):
     """A Request whose JSON body is parsed by orjson (outboxq.db.loads_json: what orjson would read otherwise or
-    refuses goes to json.loads, so the values and the errors are json.loads' own): a 1,000-job batch's body
-    took json.loads 1 ms, orjson 0.2 ms."""
+    refuses goes to json.loads, so the values and the errors are json.loads' own): orjson parses a large batch's
+    body several times faster."""
 
     async def json(self) -> Any:
         """The body as JSON values."""

@@ -48,8 +48,8 @@ def serve(settings: Settings | None = None) -> None:
     wait_for_database(database_url(settings), settings.db_wait_s)
     app = create_app(settings)
     # What the process has imported and built by now lives as long as it does: frozen, the collector's full
-    # collections no longer walk it. They took 60 ms each, one every few 1,000-job batches (whose objects live
-    # long enough to reach the oldest generation), and a few ms frozen.
+    # collections no longer walk it. Those came every few large batches (whose objects live long enough to reach
+    # the oldest generation), and cost far less frozen.
     gc.collect()
     gc.freeze()
     uvicorn.run(app, **uvicorn_options(settings))

@@ -383,9 +383,7 @@ def _enqueue_plan(
     validate_key(key)
     delay_s = _validate_options(run_at, delay, priority, max_attempts)
     unique_scope, window_s = validate_unique(unique, on_conflict, key is not None)
-    if on_dependency_failure not in ON_DEPENDENCY_FAILURE_MODES:
-        raise InvalidInput(f"on_dependency_failure must be one of {', '.join(ON_DEPENDENCY_FAILURE_MODES)}, "
-                           f"not {on_dependency_failure!r}")
+    _validate_dependency_mode(on_dependency_failure)
     hooks = registry.payload_hooks(queue)
     limit_key = _limit_key_of(payload, limit_key, hooks)
     payload_json, payload_bytes = _encode_payload(queue, payload, hooks)
@@ -399,22 +397,10 @@ def _enqueue_plan(
     dependency_ids, status, waiting_reason = yield from _resolve_dependencies(depends_on, on_dependency_failure)
     row = yield Statement(
         sql.job_insert,
-        {
-            "queue": queue,
-            "key": key,
-            "status": status.value,
-            "payload": payload_json,
-            "payload_bytes": payload_bytes,
-            "priority": priority,
-            "run_at": run_at,
-            "delay": delay_s,
-            "max_attempts": max_attempts,
-            "context": context,
-            "waiting_reason": waiting_reason,
-            "limit_key": limit_key,
-            "unique_scope": unique_scope,
-            "on_dependency_failure": on_dependency_failure,
-        },
+        {"queue": queue, "key": key, "status": status.value, "payload": payload_json,
+         "payload_bytes": payload_bytes, "priority": priority, "run_at": run_at, "delay": delay_s,
+         "max_attempts": max_attempts, "context": context, "waiting_reason": waiting_reason,
+         "limit_key": limit_key, "unique_scope": unique_scope, "on_dependency_failure": on_dependency_failure},
         rows="one",
     )
     if row is None:
@@ -426,6 +412,29 @@ def _enqueue_plan(
     return _written_job(row, queue, payload, priority=priority, max_attempts=max_attempts,
                         context=json.loads(context) if context else None, key=key,
                         waiting_reason=waiting_reason)
+
+
+def _key_list(queue: str, keys: Sequence[str | None] | None, count: int, on_conflict: str) -> list[str | None]:
+    """One valid key (or None) per payload; a key given twice in one call is a DuplicateJob unless ignored."""
+    if keys is None:
+        return [None] * count
+    key_list = [validate_key(k) for k in keys]
+    if len(key_list) != count:
+        raise InvalidInput(f"keys has {len(key_list)} entries for {count} payloads")
+    seen: set[str] = set()
+    for k in key_list:
+        if k is not None:
+            if k in seen and on_conflict == "raise":
+                raise DuplicateJob(queue, k)
+            seen.add(k)
+    return key_list
+
+
+def _validate_dependency_mode(on_dependency_failure: str) -> None:
+    """Refuse an on_dependency_failure that is not one of the modes."""
+    if on_dependency_failure not in ON_DEPENDENCY_FAILURE_MODES:
+        raise InvalidInput(f"on_dependency_failure must be one of {', '.join(ON_DEPENDENCY_FAILURE_MODES)}, "
+                           f"not {on_dependency_failure!r}")
 
 
 def _enqueue_many_plan(
@@ -455,18 +464,7 @@ def _enqueue_many_plan(
     else:
         limit_key_list = [_limit_key_of(p, None if limit_keys is None else limit_keys[i], hooks)
                           for i, p in enumerate(payloads)]
-    if keys is None:
-        key_list: list[str | None] = [None] * len(payloads)
-    else:
-        key_list = [validate_key(k) for k in keys]
-        if len(key_list) != len(payloads):
-            raise InvalidInput(f"keys has {len(key_list)} entries for {len(payloads)} payloads")
-        seen: set[str] = set()
-        for k in key_list:
-            if k is not None:
-                if k in seen and on_conflict == "raise":
-                    raise DuplicateJob(queue, k)
-                seen.add(k)
+    key_list = _key_list(queue, keys, len(payloads), on_conflict)
     if not payloads:
         return []
     if hooks is None:  # the default JSON codec and no validation: skip the per-payload hook checks
@@ -715,6 +713,12 @@ def _insert_keyed_jobs(
         held.update(holders)
     if in_savepoint:
         yield Statement(sql.enqueue_savepoint_release, {}, rows="none")
+    return _keyed_results(queue, key_list, rows, inserted, held)
+
+
+def _keyed_results(queue: str, key_list: list[str | None], rows: list[dict[str, Any]],
+                   inserted: dict[str, dict[str, Any]], held: dict[str, Job]) -> list[dict[str, Any] | Job]:
+    """One entry per key of the call, in its order: the row written for it, or the Job that holds its key."""
     unkeyed = iter([r for r in rows if r["key"] is None])
     results: list[dict[str, Any] | Job] = []
     for k in key_list:

@@ -1,4 +1,4 @@
-"""Flow control (issue 14): global and per-key concurrency limits and rate limits, kept in PostgreSQL.
+"""Flow control: global and per-key concurrency limits and rate limits, kept in PostgreSQL.
 
 A @consumer declares its queue's limits (global_concurrency, rate_limit, limit_by); a worker writes them to
 outboxq_queue_limits when it starts, unless an operator has set that queue's limits (`outboxq queues limit`),
@@ -146,8 +146,7 @@ def round_robin(rows: list[dict[str, Any]], after_key: str) -> tuple[list[dict[s
     `after_key` first (then wrapping around). The next claim resumes after the last key the claim's scan served
     (its `resume_key`, in the database's collation: Python's string order, used here only to interleave the
     keys, need not match it)."""
-    # (Grouped first, then each key's few jobs sorted: 0.38 ms for a claim of 1,000 over 25 keys, against 0.61
-    # for one sort of the whole claim and setdefault.)
+    # (Grouped first, then each key's few jobs sorted: cheaper than one sort of the whole claim and setdefault.)
     by_key: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         group = by_key.get(r["limit_key"])
@@ -173,13 +172,11 @@ def claim_size(batch_size: int, max_in_flight: int) -> int:
     """The most jobs one claim of a limited queue takes (where its limit binds, or per key, the dispatcher's
     room caps it further): what the worker may hold, up to the largest claim that still shares the claim slots,
     and never less than a batch. A limited claim costs more than an unlimited one whatever its size (a claim
-    slot, the count of running jobs, a commit that waits for the disk; per key, a probe per key): measured with
-    limits that did not bind, 2 processes, 50,000 no-op jobs, global_concurrency=10000 drained at 0.85 of the
-    unlimited drain in claims of a batch (500), 0.93 in claims of up to 1,000; per key 0.79 and 0.87. Where the
-    limit cannot bind, the worker may hold two such claims (WorkerState.max_in_flight_limited): holding one, a
-    full claim waited for every job before it to be written (claims of 650 jobs on average instead of 1,000),
-    and in alternated rounds the drains rose from 0.93 to 1.00 and from 0.87 to about 0.92 (2026-11-26,
-    bench/README.md)."""
+    slot, the count of running jobs, a commit that waits for the disk; per key, a probe per key): with limits
+    that did not bind, limited drains ran slower than the unlimited one in claims of a batch, and closer to it
+    in larger claims. Where the limit cannot bind, the worker may hold two such claims
+    (WorkerState.max_in_flight_limited): holding one, a full claim waited for every job before it to be written
+    (claims fell well short of the largest), and holding two brought the drains closer still."""
     return max(batch_size, min(max_in_flight, limits_sql.SHARED_CLAIM_MAX))
 
 
@@ -194,17 +191,16 @@ def key_budget(limit: int) -> int:
 
 # A key's turn in a per-key claim whose keys all hold more jobs than their equal share (deficit round robin's
 # quantum): at most this many jobs, and this much of the handlers' time. Each key a claim scans costs an index
-# probe and a pick of its own (with 100 keys, claims of 500: 5 jobs a key, and the per-key drain ran at 0.8 of
-# the unlimited one); in turns of up to 40 jobs a claim of 1,000 scans 25 keys. The price: a key that arrives
-# behind a backlog of N busy keys waits for N turns, at most N x 40 jobs (N x 40 ms of handler time, shared by
-# the handlers), instead of about one claim. Turns of 40 against 20, paired drains of 100 keys (2026-11-27):
-# 1.059, 1.039, 0.948 and 1.052 (20 rounds) of the per-key drain rate; 10 jobs (every key in each claim) 0.977,
-# 60 jobs 0.903, and 100 jobs 0.917 (2026-11-26): deeper turns scatter each claim over more of the table.
-# The handlers' time is wall time (typical_job_seconds): on a loaded 2-core machine no-op jobs measured 0.2-4 ms
-# for stretches of a drain (their handlers waiting for the GIL and the CPU), and turns of 5 ms then shrank to
-# 2-10 jobs, the claims scanning 70-200 keys instead of 50 (a claim over 100 keys costs 40 us of the server's
-# CPU a job against 32 over 50: bench/claim_cpu.py, bench/README.md of 2026-11-26 21:17-22:45). At 40 ms,
-# full turns hold throughout the drain; a job that really takes 4 ms still gets turns of 10.
+# probe and a pick of its own (with many keys and few jobs a key, the per-key drain ran well below the unlimited
+# one); in turns of up to 40 jobs a claim scans few keys. The price: a key that arrives behind a backlog of N
+# busy keys waits for N turns, at most N x 40 jobs (N x 40 ms of handler time, shared by the handlers), instead
+# of about one claim. Shallower turns did no better, and deeper ones worse: they scatter each claim over more
+# of the table.
+# The handlers' time is wall time (typical_job_seconds): on a loaded machine no-op jobs took far longer for
+# stretches of a drain (their handlers waiting for the GIL and the CPU), and much shorter turns then shrank to
+# a few jobs, the claims scanning many more keys (each key scanned costs the server CPU: bench/claim_cpu.py
+# measures it). At 40 ms, full turns hold throughout the drain; a job that really takes 4 ms still gets turns
+# of 10.
 KEY_TURN_MAX = 40
 KEY_TURN_S = 0.04
 

@@ -1,4 +1,4 @@
-"""Periodic schedules, uniqueness that ends, snooze, results and progress, on_dependency_failure (issue 13)
+"""Periodic schedules, uniqueness that ends, snooze, results and progress, on_dependency_failure
 
 Revision ID: 0002
 Revises: 0001

@@ -1,4 +1,4 @@
-"""Global and per-key concurrency and rate limits (issue 14)
+"""Global and per-key concurrency and rate limits
 
 Revision ID: 0003
 Revises: 0002

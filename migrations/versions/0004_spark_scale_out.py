@@ -1,4 +1,4 @@
-"""Spark snapshots leased per driver (issue 15)
+"""Spark snapshots leased per driver
 
 Revision ID: 0004
 Revises: 0003

@@ -1,4 +1,4 @@
-"""Secrets shared by every API process (the listing markers' key when none is configured) (issue 16)
+"""Secrets shared by every API process (the listing markers' key when none is configured)
 
 Revision ID: 0005
 Revises: 0004

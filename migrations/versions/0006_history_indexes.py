@@ -1,5 +1,5 @@
 """History out of the figures' way: the job errors' failed_at index, so the throughput chart reads a window of
-history instead of all of it (issue 16)
+history instead of all of it
 
 Revision ID: 0006
 Revises: 0005

@@ -1,4 +1,4 @@
-"""New jobs notify their queue's workers from the statements that write them, not from a trigger (issue 17)
+"""New jobs notify their queue's workers from the statements that write them, not from a trigger
 
 The AFTER INSERT trigger (a plpgsql function over the statement's transition table) cost a sixth of a single
 enqueue's throughput; the INSERTs of outboxq.queue.sql now send the same notification themselves

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import resource
+import select
 import socket
 import struct
 import threading
@@ -133,7 +134,9 @@ def test_the_pool_check_works_for_connections_on_high_file_descriptors(db_url):
             conn.execute("SELECT 1")
             with psycopg.connect(db_url, autocommit=True) as other:
                 other.execute("SELECT pg_terminate_backend(%s)", (conn.info.backend_pid,))
-            time.sleep(0.2)  # the server's last message reaches the socket
+            readable = select.poll()
+            readable.register(conn.fileno(), select.POLLIN)
+            assert readable.poll(5000), "the server's last message never reached the socket"
             with pytest.raises(psycopg.OperationalError):
                 check_pooled_connection(conn)
     finally:

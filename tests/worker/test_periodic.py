@@ -66,15 +66,21 @@ def test_three_workers_one_killed_one_restarted_make_one_run_per_slot(db_url, tm
         c.execute(RUNS_DDL)
     log = tmp_path / "workers.log"
     workers = [_start_worker(db_url, log) for _ in range(3)]
+
+    def slots_pass(more):
+        """Wait until `more` further slots of each schedule have their job (one a second while any worker runs)."""
+        goal = len(_slots(db_url, "all")[0]) + more
+        wait_for(lambda: len(_slots(db_url, "all")[0]) >= goal, timeout=more + 30)
+
     try:
-        time.sleep(6)
+        slots_pass(5)
         workers[0].send_signal(signal.SIGKILL)  # dies without a word; its connections just drop
         workers[0].wait()
-        time.sleep(4)
+        slots_pass(4)
         _stop(workers[1])
-        time.sleep(2)
+        slots_pass(2)
         workers[1] = _start_worker(db_url, log)
-        time.sleep(8)
+        slots_pass(7)
     finally:
         _stop(*workers)
     for policy in ("latest", "skip", "all"):

@@ -52,7 +52,7 @@ RETURNING id, key, status, run_at, created_at, {NOTIFY_IF_READY} AS notified
 # Key-less enqueue_many goes through COPY (about twice the rows/s of the INSERT above): first reserve the
 # ids (COPY cannot return them) and read the transaction's clock for run_at and created_at. The sequence is
 # looked up once, in a materialized CTE: written inside nextval() (or in a subquery the planner pulls up) it is
-# looked up for every id, which made this statement 28 ms of a 10,000-job batch instead of 5.
+# looked up for every id, which made this statement several times slower on a large batch.
 job_reserve_ids = """
 WITH s AS MATERIALIZED (SELECT pg_get_serial_sequence('outboxq_jobs', 'id')::regclass AS seq)
 SELECT array(SELECT nextval(s.seq) FROM s, generate_series(1, %(n)s)) AS ids,
@@ -160,18 +160,18 @@ RETRY_SET = """SET status = 'queued', run_at = now(), finished_at = NULL, cancel
 # Where a claim's scan of the claim index starts (outboxq.workers.claim_cursor): after the last job this
 # worker's previous claim of the queue took, or (all NULL) at the front. While an old snapshot holds back
 # vacuum, the entries of every job claimed so far stay at the front of the index, and a scan from the front
-# walks them all on every claim (issue 17: the drain slowed to half). The sentinels are below any job (ids
+# walks them all on every claim (the drain slowed to half). The sentinels are below any job (ids
 # start at 1), and stay an index condition in a generic plan as well.
 CLAIM_CURSOR = ("coalesce(%(after_priority)s::smallint, -32768), coalesce(%(after_run_at)s::timestamptz, "
                 "'-infinity'), coalesce(%(after_id)s::bigint, 0)")
 
-# An unlimited claim's commit does not wait for its WAL to reach the disk (measured here: a commit 0.19 ->
-# 0.05 ms, on the path from enqueue to handler start). A claim lost in a server crash leaves its jobs as they
+# An unlimited claim's commit does not wait for its WAL to reach the disk (a commit several times cheaper, on
+# the path from enqueue to handler start). A claim lost in a server crash leaves its jobs as they
 # were before it: they run again, at least once, as after a worker's death (the lost lease token fences the
 # late completion out). A completion commits synchronously and so makes the claims before it durable. Limited
 # claims keep synchronous commit: their counts and start log must survive a crash.
 # The dispatcher's connection is in autocommit with this session setting, so that an unlimited claim is one
-# statement in one round trip: no BEGIN, SET, COMMIT and pipeline Sync around it (0.7 -> 0.4 ms a claim). What
+# statement in one round trip: no BEGIN, SET, COMMIT and pipeline Sync around it. What
 # must be durable there (a limited claim, the declared limits) turns synchronous commit on for its transaction;
 # a claim in a caller's transaction sets it off for that transaction only.
 claims_session_async = "SET synchronous_commit = off"
@@ -187,9 +187,9 @@ claim_commit_sync = "SET LOCAL synchronous_commit = on"
 generic_plans = ("SELECT set_config('plan_cache_mode', 'force_generic_plan', {local}), "
                  "set_config('enable_seqscan', 'off', {local})")
 # The dispatcher's and the completer's connections: their claims and writes are planned once per connection.
-# Left to plan_cache_mode "auto", PostgreSQL planned an unlimited claim anew at every claim (0.55-0.65 ms of a
-# claim of 500, 5%), and the completion of a few jobs at every write (0.4 of its 0.9 ms; the
-# global_concurrency=4 drain writes one or two outcomes at a time).
+# Left to plan_cache_mode "auto", PostgreSQL planned an unlimited claim anew at every claim, and the completion
+# of a few jobs at every write (nearly half its cost; a global_concurrency=4 drain writes one or two outcomes at
+# a time).
 session_generic_plans = generic_plans.format(local="false")
 
 # The parts of job_claim_batch, which the claims of limited queues (sql.limits) are built from as well, so that
@@ -286,8 +286,8 @@ FENCE_BY_TOKENS = ("j.lease_token = ((SELECT jsonb_object(%(ids)s::bigint[]::tex
                    "\n                           ->> j.id::text)::uuid")
 job_complete_batch = _JOB_COMPLETE.format(fence=FENCE_BY_TOKENS)
 
-# The same for jobs that share one lease token (a Spark snapshot's): no per-job lookup (100,000 jobs: 1.8 ->
-# 1.4 s), and one token sent instead of one per job.
+# The same for jobs that share one lease token (a Spark snapshot's): no per-job lookup, and one token sent
+# instead of one per job.
 job_complete_one_lease = _JOB_COMPLETE.format(fence="j.lease_token = %(lease_token)s::uuid")
 
 # ctx.transaction()'s completion, refused once the lease has expired as well. That transaction holds the job's

@@ -1,4 +1,4 @@
-"""Flow control statements (issue 14): limits per queue, and the claims of limited queues.
+"""Flow control statements: limits per queue, and the claims of limited queues.
 
 A queue without a row in outboxq_queue_limits never runs these: its workers claim with sql.job_claim_batch,
 unchanged. A limited queue's claim (the dispatcher's) is two statements in one transaction:
@@ -215,7 +215,7 @@ WHERE j.id = k.id AND j.limit_key IS NULL
 # A limited claim runs with its generic plan (psycopg prepares it from its sixth run on; on the worker's own
 # connections from its first): planned once per connection instead of before every claim. Left to
 # plan_cache_mode "auto", PostgreSQL kept planning them anew (the generic plan's estimates look dearer), and
-# planning took a tenth of a per-key claim of 500 jobs (2-3 of 25 ms, bench/flow_claim_explain.py --generic);
+# planning took a tenth of a per-key claim (bench/flow_claim_explain.py --generic measures it);
 # the generic plans read the same indexes. Without sequential
 # scans (sql.generic_plans): made while the queue was empty, the plan updated the claimed jobs through a
 # sequential scan of the jobs table, which every claim after it would have run over the whole table and its
@@ -227,7 +227,7 @@ claim_generic_plan = sql.generic_plans.format(local="true")
 def _compact(statement: str) -> str:
     """The statement without its comments and indentation. psycopg keeps its conversion of a query's
     placeholders only for texts of up to 4,096 bytes (psycopg._queries.MAX_CACHED_STATEMENT_LENGTH) and converts
-    longer ones at every run (0.05 ms for the 4,300 of the handover, run at every write of a limited queue)."""
+    longer ones at every run (the handover's is longer, and runs at every write of a limited queue)."""
     lines = (line.split("--", 1)[0].strip() for line in statement.splitlines())
     return "\n".join(line for line in lines if line)
 
@@ -302,7 +302,7 @@ flow_claimed_keys AS (SELECT '' AS limit_key, count(*)::int AS n FROM flow_claim
 # - any other limit, set by an operator since the worker last read the limits: a rate limit (each start must
 #   be logged and counted) or limit_by.
 # One statement and one round trip on the completer's autocommit connection, instead of the completion, the
-# claim slot, the claim and the commit (1.44 -> 0.70 ms a write of one outcome and its next job, alone).
+# claim slot, the claim and the commit (halving the cost of writing one outcome and claiming its next job).
 job_complete_handing_over = _compact(
     "WITH " + sql.JOB_COMPLETE_CTES.format(fence=sql.FENCE_BY_TOKENS) + ",\n" + _LIMITS.strip() + """,
 flow_handed AS (
@@ -343,7 +343,7 @@ FROM (SELECT) AS one LEFT JOIN flow_claimed c ON true
 # from there: during a drain the entries of the jobs already claimed lie at the front of every key's range,
 # and walking them twice per key per claim cost more than the claim itself. `attempts >= 0` (always true) reads a column the index lacks, so the scan visits the
 # heap instead of being index-only: only then does PostgreSQL mark the dead entries it meets as dead in the
-# index (so the next claims step over them without a heap visit; measured: 15 -> 9 ms per claim of 500).
+# index (so the next claims step over them without a heap visit, which makes them markedly cheaper).
 _FIRST_OF_NEXT_KEY = """SELECT j.limit_key, j.priority, j.run_at, j.id FROM outboxq_jobs j
         WHERE j.queue = %(queue)s AND j.status IN ('queued', 'retrying') AND j.limit_key IS NOT NULL
           {after} {until}

@@ -37,22 +37,26 @@ history AS (
 SELECT id, queue, status, attempts FROM rescued
 """
 
-# Safety net for the release done at completion: a waiting job whose dependencies are all done (or were
-# pruned, which only happens to finished jobs) becomes queued.
-job_release_ready_waiting = f"""
+# Waiting jobs released to the queue once none of their dependencies is in `blocking` statuses, their queues
+# notified. Counts what was released and how many queues were woken.
+_RELEASE_WAITING = f"""
 WITH released AS (
     UPDATE outboxq_jobs w
     SET status = 'queued', waiting_reason = NULL
-    WHERE w.status = 'waiting'
+    WHERE w.status = 'waiting'{{only}}
       AND NOT EXISTS (
           SELECT 1 FROM outboxq_job_dependencies d
           JOIN outboxq_jobs dep ON dep.id = d.depends_on_id
-          WHERE d.job_id = w.id AND dep.status <> 'done')
+          WHERE d.job_id = w.id AND {{blocking}})
     RETURNING w.id, w.queue
 ),
 notified AS (SELECT pg_notify('{NOTIFY_CHANNEL}', queue) FROM (SELECT DISTINCT queue FROM released) q)
 SELECT (SELECT count(*) FROM released) AS released, (SELECT count(*) FROM notified) AS queues
 """
+
+# Safety net for the release done at completion: a waiting job whose dependencies are all done (or were
+# pruned, which only happens to finished jobs) becomes queued.
+job_release_ready_waiting = _RELEASE_WAITING.format(only="", blocking="dep.status <> 'done'")
 
 # on_dependency_failure="cancel": a waiting job with a dead or cancelled dependency is cancelled, the reason
 # naming it. Its own waiting dependents see it cancelled on the next pass (maintenance repeats this until it
@@ -77,20 +81,8 @@ RETURNING w.id
 """
 
 # on_dependency_failure="run": a waiting job runs once every dependency has finished, done or not.
-job_release_on_failed_dependency = f"""
-WITH released AS (
-    UPDATE outboxq_jobs w
-    SET status = 'queued', waiting_reason = NULL
-    WHERE w.status = 'waiting' AND w.on_dependency_failure = 'run'
-      AND NOT EXISTS (
-          SELECT 1 FROM outboxq_job_dependencies d
-          JOIN outboxq_jobs dep ON dep.id = d.depends_on_id
-          WHERE d.job_id = w.id AND dep.status NOT IN ('done', 'dead', 'cancelled'))
-    RETURNING w.id, w.queue
-),
-notified AS (SELECT pg_notify('{NOTIFY_CHANNEL}', queue) FROM (SELECT DISTINCT queue FROM released) q)
-SELECT (SELECT count(*) FROM released) AS released, (SELECT count(*) FROM notified) AS queues
-"""
+job_release_on_failed_dependency = _RELEASE_WAITING.format(
+    only=" AND w.on_dependency_failure = 'run'", blocking="dep.status NOT IN ('done', 'dead', 'cancelled')")
 
 # A waiting job says why it cannot run when a dependency is dead or cancelled; the reason is cleared when
 # that dependency is retried.
