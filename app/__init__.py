@@ -28,6 +28,7 @@ from outboxq.errors import (
     Snooze,
     UnknownDependency,
     WorkerFailed,
+    WorkflowNotFound,
 )
 from outboxq.queue.enqueue import (
     enqueue,
@@ -38,6 +39,14 @@ from outboxq.queue.enqueue import (
     get_job_async,
 )
 from outboxq.queue.jobs import Job, JobStatus
+from outboxq.queue.workflows import (
+    Workflow,
+    cancel_workflow,
+    get_workflow,
+    get_workflow_async,
+    list_workflows,
+    retry_workflow,
+)
 from outboxq.registry import Registry, default_registry
 from outboxq.workers.context import JobContext
 from outboxq.workers.periodic import Schedule, periodic
@@ -71,6 +80,13 @@ __all__ = [
     "UnknownDependency",
     "WorkerFailed",
     "Worker",
+    "Workflow",
+    "WorkflowNotFound",
+    "cancel_workflow",
+    "get_workflow",
+    "get_workflow_async",
+    "list_workflows",
+    "retry_workflow",
     "consumer",
     "default_registry",
     "enqueue",

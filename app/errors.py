@@ -78,6 +78,16 @@ class JobNotFound(OutboxqError, LookupError):
         super().__init__(f"no job has id {job_id}")
 
 
+class WorkflowNotFound(OutboxqError, LookupError):
+    """No workflow has that id."""
+
+    code = "workflow_not_found"
+
+    def __init__(self, workflow_id: int):
+        self.workflow_id = workflow_id
+        super().__init__(f"no workflow has id {workflow_id}")
+
+
 class InvalidTransition(OutboxqError):
     """The job is not in a status that allows the asked operation."""
 

@@ -153,23 +153,32 @@ class Completer:
         s = self.state
         outcomes = [bounded(o, s.settings) for o in outcomes]
         to_complete = [o for o in outcomes if o.succeeded and not o.completed_in_transaction and not o.fenced]
-        with_results = [o for o in outcomes if o.succeeded and not o.fenced and o.result_json is not None]
+        with_results = [o for o in outcomes if o.succeeded and not o.fenced and o.result_json is not None
+                        and not o.completed_in_transaction]
         to_end = [o for o in outcomes if not o.fenced and not o.succeeded]  # failed, snoozed, cancelled
+        # done in ctx.transaction(): their results stored and their dependents released here (sql.jobs.
+        # job_complete_in_lease says why)
+        done_in_transaction = [o for o in outcomes if o.completed_in_transaction and not o.fenced]
         succeeded_queues = {o.job.queue for o in outcomes if o.succeeded and not o.fenced}
         now_healthy = succeeded_queues & s.failing_queues
         # On the completer's autocommit connection, a transaction only where the write is more than one statement
         # (a caller's connection is in one already: write_outcomes).
-        in_transaction = conn.autocommit and bool(with_results or to_end or now_healthy)
+        in_transaction = conn.autocommit and bool(with_results or to_end or now_healthy or done_in_transaction)
         completed_ids: set[int] = set()
         handover: Handover | None = None
         with conn.transaction() if in_transaction else nullcontext():
             if with_results:
                 conn.execute(sql.job_store_results, {
                     "ids": [o.job.id for o in with_results],
-                    "lease_tokens": [None if o.completed_in_transaction else o.job.lease_token
-                                     for o in with_results],
+                    "lease_tokens": [o.job.lease_token for o in with_results],
                     "results": [o.result_json for o in with_results],
                 })
+            if done_in_transaction:
+                ids = [o.job.id for o in done_in_transaction]
+                conn.execute(sql.job_settle_in_transaction, {
+                    "ids": ids, "lease_tokens": [o.job.lease_token for o in done_in_transaction],
+                    "results": [o.result_json if o.succeeded else None for o in done_in_transaction]})
+                conn.execute(sql.job_release_dependents, {"ids": ids})
             failed_writes = self._end(conn, to_end)
             for queue_name in now_healthy:
                 conn.execute(sql.queue_mark_healthy, {"queue": queue_name})

@@ -12,6 +12,7 @@ from functools import cached_property
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
 
 from outboxq.errors import InvalidInput, LeaseLost
 from outboxq.queue import sql, storable
@@ -53,6 +54,32 @@ class JobContext:
             {"queue": self.queue, "job_id": self.job_id, "attempt": self.attempt,
              "job_context": self.captured_context},
         )
+
+    @cached_property
+    def _workflow_place(self) -> dict[str, Any]:
+        """The step's workflow, name and parents' results: read once, when the handler first asks."""
+        if self.connection_factory is None:
+            raise RuntimeError("ctx.workflow_id, ctx.step and ctx.parent_results need a worker (or outboxq.testing) "
+                               "to provide connections")
+        with self.connection_factory().cursor(row_factory=dict_row) as cur:
+            row = cur.execute(sql.job_workflow_place, {"id": self.job_id}).fetchone()
+        return row or {"workflow_id": None, "step": None, "parent_results": {}}
+
+    @property
+    def workflow_id(self) -> int | None:
+        """The workflow this job is a step of (outboxq.Workflow), or None."""
+        return self._workflow_place["workflow_id"]
+
+    @property
+    def step(self) -> str | None:
+        """This step's name within its workflow, or None."""
+        return self._workflow_place["step"]
+
+    @property
+    def parent_results(self) -> dict[str, Any]:
+        """The results of the steps this step comes after, by step name (a step that failed under a "run" edge:
+        None). Empty for a job that is no workflow's step."""
+        return self._workflow_place["parent_results"]
 
     @property
     def delivery_hash(self) -> str:

@@ -43,6 +43,7 @@ class ErrorResponse(BaseModel):
 # The status of each core error; the first matching class in this order wins.
 STATUS_BY_ERROR: list[tuple[type[Exception], int]] = [
     (errors.JobNotFound, 404),
+    (errors.WorkflowNotFound, 404),
     (errors.DuplicateJob, 409),
     (errors.InvalidTransition, 409),
     (errors.LeaseLost, 409),

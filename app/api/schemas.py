@@ -168,6 +168,9 @@ class JobPublic(BaseModel):
                                           "only with include=result")
     progress: float | None = Field(None, description="0.0-1.0, as the handler last reported it")
     progress_message: str | None = None
+    workflow_id: int | None = Field(None, description="The workflow this job is a step of (GET /v1/workflows/{id})")
+    step: str | None = Field(None, description="Its step's name within the workflow")
+    sequence: str | None = Field(None, description="The sequence it runs in: one job at a time, in enqueue order")
     marker: str | None = Field(None, description="In listings: pass it as ?marker= to continue after this job")
 
 
@@ -375,7 +378,8 @@ def _job_public(job: Any, formatted: dict[int, str]) -> dict[str, Any]:
         "cancel_requested": job.cancel_requested, "created_at": _iso(job.created_at, formatted),
         "started_at": _iso(job.started_at, formatted), "finished_at": _iso(job.finished_at, formatted),
         "snoozes": job.snoozes, "result": job.result, "progress": job.progress,
-        "progress_message": job.progress_message,
+        "progress_message": job.progress_message, "workflow_id": job.workflow_id, "step": job.step,
+        "sequence": job.sequence,
     }
 
 

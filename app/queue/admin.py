@@ -55,7 +55,8 @@ def retry_queue(conn: Any, queue: str) -> int:
 
 
 def cancel_job(conn: Any, job_id: int) -> Job:
-    """Cancel a queued, waiting or retrying job; ask a running one to stop (its handler sees ctx.cancelled)."""
+    """Cancel a queued, waiting or retrying job; ask a running one to stop (its handler sees ctx.cancelled); a
+    dead one becomes cancelled (which lets the next job of its sequence run)."""
     if not _rows(conn, sql.job_cancel, {"id": job_id}):
         job = get_job(conn, job_id)
         if job is None:

@@ -377,10 +377,13 @@ def _enqueue_plan(
     on_conflict: str = "raise",
     on_dependency_failure: str = "wait",
     registry: Registry | None = None,
+    sequence: str | None = None,
+    on_failure: str = "hold",
 ) -> Plan:
     registry = registry or default_registry
     validate_queue_name(queue)
     validate_key(key)
+    _validate_sequence(sequence, on_failure)
     delay_s = _validate_options(run_at, delay, priority, max_attempts)
     unique_scope, window_s = validate_unique(unique, on_conflict, key is not None)
     _validate_dependency_mode(on_dependency_failure)
@@ -395,12 +398,16 @@ def _enqueue_plan(
         if holders:
             return _on_conflict(on_conflict, queue, holders[key])
     dependency_ids, status, waiting_reason = yield from _resolve_dependencies(depends_on, on_dependency_failure)
+    before = None
+    if sequence is not None:
+        before, status, waiting_reason = yield from _sequence_turn(sequence, on_failure, status, waiting_reason)
     row = yield Statement(
         sql.job_insert,
         {"queue": queue, "key": key, "status": status.value, "payload": payload_json,
          "payload_bytes": payload_bytes, "priority": priority, "run_at": run_at, "delay": delay_s,
          "max_attempts": max_attempts, "context": context, "waiting_reason": waiting_reason,
-         "limit_key": limit_key, "unique_scope": unique_scope, "on_dependency_failure": on_dependency_failure},
+         "limit_key": limit_key, "unique_scope": unique_scope, "on_dependency_failure": on_dependency_failure,
+         "sequence": sequence},
         rows="one",
     )
     if row is None:
@@ -409,9 +416,11 @@ def _enqueue_plan(
     if dependency_ids:
         yield Statement(sql.job_dependencies_insert, {"job_id": row["id"], "depends_on_ids": dependency_ids},
                         rows="none")
+    if sequence is not None:
+        yield from _sequence_link(sequence, on_failure, row["id"], before)
     return _written_job(row, queue, payload, priority=priority, max_attempts=max_attempts,
                         context=json.loads(context) if context else None, key=key,
-                        waiting_reason=waiting_reason)
+                        waiting_reason=waiting_reason, sequence=sequence)
 
 
 def _key_list(queue: str, keys: Sequence[str | None] | None, count: int, on_conflict: str) -> list[str | None]:
@@ -428,6 +437,51 @@ def _key_list(queue: str, keys: Sequence[str | None] | None, count: int, on_conf
                 raise DuplicateJob(queue, k)
             seen.add(k)
     return key_list
+
+
+SEQUENCE_FAILURE_MODES = ("hold", "continue")
+
+
+def _validate_sequence(sequence: Any, on_failure: Any) -> None:
+    """Refuse a bad sequence name, or an on_failure that is not "hold" or "continue" (or given without one)."""
+    if sequence is not None and (not isinstance(sequence, str) or not sequence or len(sequence) > MAX_KEY_LENGTH
+                                 or "\x00" in sequence):
+        raise InvalidInput(f"invalid sequence {sequence!r}: use a non-empty string of at most {MAX_KEY_LENGTH} "
+                           "characters without NUL")
+    if on_failure not in SEQUENCE_FAILURE_MODES:
+        raise InvalidInput(f"on_failure must be one of {', '.join(SEQUENCE_FAILURE_MODES)}, not {on_failure!r}")
+    if on_failure != "hold" and sequence is None:
+        raise InvalidInput("on_failure applies to a sequence: pass sequence=... with it")
+
+
+def _sequence_turn(sequence: str, on_failure: str, status: JobStatus, reason: str | None
+                   ) -> Generator[Any, Any, tuple[int | None, JobStatus, str | None]]:
+    """Take the sequence's turn (held until the caller's transaction ends) and find the job before this one:
+    (its id when this job must wait for it, the job's status, its waiting reason)."""
+    if not (yield InTransaction()):
+        raise InvalidInput("enqueue(sequence=...) needs a transaction (an autocommit connection inside "
+                           "`with conn.transaction():`, or a connection without autocommit): the sequence's turn "
+                           "is held until commit, so that the next job sees this one")
+    row = yield Statement(sql.sequence_take_turn, {"sequence": sequence}, rows="one")
+    before = None if row["last_job_id"] is None else (
+        yield Statement(sql.job_status_of, {"id": row["last_job_id"]}, rows="one"))
+    finished = ("done", "cancelled", "dead") if on_failure == "continue" else ("done", "cancelled")
+    if before is None or before["status"] in finished:  # none before, pruned (finished), or finished
+        return None, status, reason
+    if before["status"] == "dead":
+        held = (f"sequence {sequence}: job {before['id']} (queue {before['queue']}, key {before['key'] or '-'}) "
+                "is dead; retry or cancel it to go on")
+        reason = f"{reason}; {held}" if reason else held
+    return before["id"], JobStatus.CANCELLED if status is JobStatus.CANCELLED else JobStatus.WAITING, reason
+
+
+def _sequence_link(sequence: str, on_failure: str, job_id: int, before: int | None) -> Plan:
+    """Record this job as its sequence's newest, and its link to the job before (when it must wait for it)."""
+    if before is not None:
+        yield Statement(sql.job_sequence_link_insert, {
+            "job_id": job_id, "depends_on_id": before,
+            "on_failure": "run" if on_failure == "continue" else "sequence"}, rows="none")
+    yield Statement(sql.sequence_set_last, {"sequence": sequence, "job_id": job_id}, rows="none")
 
 
 def _validate_dependency_mode(on_dependency_failure: str) -> None:
@@ -505,6 +559,8 @@ def enqueue(
     on_conflict: str = "raise",
     on_dependency_failure: str = "wait",
     registry: Registry | None = None,
+    sequence: str | None = None,
+    on_failure: str = "hold",
 ) -> Job:
     """Write one job in the caller's transaction and return it; nothing is committed here.
 
@@ -515,11 +571,14 @@ def enqueue(
     with the key within that long); `on_conflict="ignore"` returns the job holding the key instead of raising.
     `on_dependency_failure`: what this job does when a dependency ends dead or cancelled ("wait", "cancel",
     "run"). `registry`: whose consumers' payload hooks (codec, validation, dependencies, limit key) apply
-    (outboxq.registry.default_registry, which @consumer fills, unless given).
+    (outboxq.registry.default_registry, which @consumer fills, unless given). `sequence`: the jobs of one
+    sequence run one at a time, in enqueue (commit) order, across any number of workers; a dead job holds its
+    sequence until it is retried or cancelled, unless `on_failure="continue"` (needs a transaction).
     """
     plan = _enqueue_plan(queue, payload, key=key, depends_on=depends_on, run_at=run_at, delay=delay,
                          priority=priority, max_attempts=max_attempts, limit_key=limit_key, unique=unique,
-                         on_conflict=on_conflict, on_dependency_failure=on_dependency_failure, registry=registry)
+                         on_conflict=on_conflict, on_dependency_failure=on_dependency_failure, registry=registry,
+                         sequence=sequence, on_failure=on_failure)
     return _run_plan(conn, plan)
 
 
@@ -539,12 +598,15 @@ async def enqueue_async(
     on_conflict: str = "raise",
     on_dependency_failure: str = "wait",
     registry: Registry | None = None,
+    sequence: str | None = None,
+    on_failure: str = "hold",
 ) -> Job:
     """enqueue() for async code: `conn` is a psycopg AsyncConnection or a SQLAlchemy AsyncSession /
     AsyncConnection; same options, validation and errors, and it never commits."""
     plan = _enqueue_plan(queue, payload, key=key, depends_on=depends_on, run_at=run_at, delay=delay,
                          priority=priority, max_attempts=max_attempts, limit_key=limit_key, unique=unique,
-                         on_conflict=on_conflict, on_dependency_failure=on_dependency_failure, registry=registry)
+                         on_conflict=on_conflict, on_dependency_failure=on_dependency_failure, registry=registry,
+                         sequence=sequence, on_failure=on_failure)
     return await _run_plan_async(conn, plan)
 
 
@@ -608,11 +670,12 @@ def _as_jobs(written: QueuedBatch | list[Job]) -> list[Job]:
 
 
 def _written_job(row: dict[str, Any], queue: str, payload: Any, *, priority: int, max_attempts: int | None,
-                 context: Any, key: str | None, waiting_reason: str | None = None) -> Job:
+                 context: Any, key: str | None, waiting_reason: str | None = None, sequence: str | None = None
+                 ) -> Job:
     """The Job just written: what the caller gave plus what the database assigned (id, status, times)."""
     return Job(id=row["id"], queue=queue, key=key, status=JobStatus(row["status"]), payload=payload,
                priority=priority, run_at=row["run_at"], max_attempts=max_attempts,
-               waiting_reason=waiting_reason, context=context, created_at=row["created_at"])
+               waiting_reason=waiting_reason, context=context, created_at=row["created_at"], sequence=sequence)
 
 
 def _copy_jobs(queue: str, payloads: list[Any], encoded: list[tuple[str | None, bytes | None]], *,

@@ -36,8 +36,10 @@ ALLOWED_TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
     ),  # complete / fail, time out or rescue / cancel / a stopping worker hands back unstarted, or a snooze
     JobStatus.RETRYING: frozenset({JobStatus.RUNNING, JobStatus.QUEUED, JobStatus.CANCELLED}),
     JobStatus.DONE: frozenset({JobStatus.QUEUED}),  # admin re-run (testing helpers)
-    JobStatus.DEAD: frozenset({JobStatus.QUEUED}),  # admin retry
-    JobStatus.CANCELLED: frozenset({JobStatus.QUEUED}),  # admin retry
+    # admin retry / admin cancel (a dead job holds its sequence until either)
+    JobStatus.DEAD: frozenset({JobStatus.QUEUED, JobStatus.CANCELLED}),
+    # admin retry / retry_workflow (a step cancelled because of a failed step waits again)
+    JobStatus.CANCELLED: frozenset({JobStatus.QUEUED, JobStatus.WAITING}),
 }
 
 
@@ -66,6 +68,9 @@ class Job:
     result: Any = None  # the handler's JSON return value
     progress: float | None = None  # 0.0-1.0, from ctx.set_progress() while it runs
     progress_message: str | None = None
+    workflow_id: int | None = None  # a workflow's step: the workflow (outboxq.Workflow) and the step's name
+    step: str | None = None
+    sequence: str | None = None  # enqueue(sequence=...): its jobs run one at a time, in enqueue order
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Job:

@@ -60,7 +60,7 @@ jobs = Table(
     Column("started_at", DateTime(timezone=True)),  # first attempt
     Column("attempt_started_at", DateTime(timezone=True)),  # latest attempt: processing time starts here
     Column("finished_at", DateTime(timezone=True)),
-    # Flow control (issue 14): the key that per-key limits count by, from the consumer's limit_by at enqueue.
+    # Flow control: the key that per-key limits count by, from the consumer's limit_by at enqueue.
     Column("limit_key", Text),
     # How long the job's key blocks another job with the same key (enqueue's `unique`): 'forever' while the
     # row exists, 'active' while it is unfinished; 'window' (unique=timedelta) is checked at enqueue.
@@ -73,6 +73,11 @@ jobs = Table(
     Column("result", JSONB),
     Column("progress", Float),
     Column("progress_message", Text),
+    # A workflow's step (outboxq.Workflow): the workflow's id and the step's name, unique within it.
+    Column("workflow_id", BigInteger),
+    Column("step", Text),
+    # enqueue(sequence=...): the jobs of one sequence run one at a time, in enqueue order.
+    Column("sequence", Text),
     CheckConstraint(f"status IN ({_status_list})", name="outboxq_jobs_status_check"),
     CheckConstraint("max_attempts IS NULL OR max_attempts >= 0", name="outboxq_jobs_max_attempts_check"),
     CheckConstraint("unique_scope IN ('forever', 'active', 'window')", name="outboxq_jobs_unique_scope_check"),
@@ -132,6 +137,12 @@ Index(
     postgresql_where=text("status IN ('queued', 'retrying') AND limit_key IS NOT NULL"),
 )
 
+# A workflow's steps, and the step of a name (unique: two steps of one workflow never share a name).
+Index("outboxq_jobs_workflow_step_idx", jobs.c.workflow_id, jobs.c.step, unique=True,
+      postgresql_where=text("workflow_id IS NOT NULL"))
+# A sequence's newest job (its next job's predecessor).
+Index("outboxq_jobs_sequence_idx", jobs.c.sequence, jobs.c.id, postgresql_where=text("sequence IS NOT NULL"))
+
 job_errors = Table(
     "outboxq_job_errors",
     metadata,
@@ -173,9 +184,37 @@ job_dependencies = Table(
     Column("job_id", BigInteger, ForeignKey("outboxq_jobs.id", ondelete="CASCADE"), nullable=False),
     # No foreign key: a finished dependency may be pruned before (or after) its dependent.
     Column("depends_on_id", BigInteger, nullable=False),
+    # What the dependent does when this dependency ends dead or cancelled, where it differs from the job's own
+    # on_dependency_failure: 'cancel', 'run', or 'sequence' (a sequence's link: held while the job before is
+    # dead, released once it is done or cancelled).
+    Column("on_failure", Text),
+    CheckConstraint("on_failure IN ('wait', 'cancel', 'run', 'sequence')",
+                    name="outboxq_job_dependencies_on_failure_check"),
     PrimaryKeyConstraint("job_id", "depends_on_id", name="outboxq_job_dependencies_pkey"),
 )
 Index("outboxq_job_dependencies_depends_on_idx", job_dependencies.c.depends_on_id)
+
+# A sequence's newest job (enqueue(sequence=...)): the next job of the sequence comes after it. Enqueuers of one
+# sequence take turns on its row (an upsert), so that each sees the one before.
+sequences = Table(
+    "outboxq_sequences",
+    metadata,
+    Column("sequence", Text, primary_key=True),
+    Column("last_job_id", BigInteger),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+# A workflow (outboxq.Workflow): its steps are jobs with its id; its status is read from theirs.
+workflows = Table(
+    "outboxq_workflows",
+    metadata,
+    Column("id", BigInteger, Identity(always=False), primary_key=True),
+    Column("name", Text, nullable=False),
+    Column("steps", Integer, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("cancelled_at", DateTime(timezone=True)),
+)
+Index("outboxq_workflows_created_at_idx", workflows.c.created_at)
 
 queues = Table(
     "outboxq_queues",
@@ -189,7 +228,7 @@ queues = Table(
     Column("last_success_at", DateTime(timezone=True)),
 )
 
-# Flow control (issue 14): a queue's limits, changeable at run time. `source` is 'consumer' when the row comes
+# Flow control: a queue's limits, changeable at run time. `source` is 'consumer' when the row comes
 # from a @consumer's options (a worker rewrites it at start) and 'operator' once `outboxq queues limit` set
 # it (workers leave it alone then).
 queue_limits = Table(

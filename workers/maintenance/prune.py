@@ -14,7 +14,7 @@ BATCH_LIMIT = 5000
 def run_once(conn: Any, *, now: datetime | None = None, limit: int = BATCH_LIMIT,
              max_batches: int | None = None) -> int:
     """Delete done and cancelled jobs older than retention_done_s, dead ones older than retention_dead_s,
-    and Idempotency-Keys older than idempotency_ttl_s.
+    Idempotency-Keys older than idempotency_ttl_s, and workflows whose steps are all gone.
 
     Deletes in batches of `limit`, each committed, until nothing is left or `max_batches` were deleted (the
     maintenance leader deletes one batch per tick); returns how many.
@@ -29,6 +29,8 @@ def run_once(conn: Any, *, now: datetime | None = None, limit: int = BATCH_LIMIT
     with conn.cursor() as cur:
         cur.execute(sql.idempotency_key_prune,
                     {"before": now - timedelta(seconds=settings.idempotency_ttl_s)})
+        cur.execute(sql.workflow_prune_empty, params)
+        cur.execute(sql.sequence_prune_finished, params)
     conn.commit()
     total = batches = 0
     while True:

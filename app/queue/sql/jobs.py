@@ -12,7 +12,7 @@ _COLUMNS_BEFORE_RESULT = (
     "last_error, last_traceback, waiting_reason, cancel_requested, context, created_at, started_at, "
     "attempt_started_at, finished_at, unique_scope, on_dependency_failure, snoozes"
 )
-_COLUMNS_AFTER_RESULT = "progress, progress_message"
+_COLUMNS_AFTER_RESULT = "progress, progress_message, workflow_id, step, sequence"
 JOB_COLUMNS = f"{_COLUMNS_BEFORE_RESULT}, result, {_COLUMNS_AFTER_RESULT}"
 
 # A job written ready to run wakes the workers of its queue: a notification sent at COMMIT (none on rollback;
@@ -25,11 +25,11 @@ NOTIFY_IF_READY = f"CASE WHEN status = 'queued' AND run_at <= now() THEN pg_noti
 job_insert = f"""
 INSERT INTO outboxq_jobs
     (queue, key, status, payload, payload_bytes, priority, run_at, max_attempts, context, waiting_reason,
-     limit_key, unique_scope, on_dependency_failure, finished_at)
+     limit_key, unique_scope, on_dependency_failure, finished_at, sequence)
 VALUES (%(queue)s, %(key)s, %(status)s, %(payload)s, %(payload_bytes)s, %(priority)s,
         coalesce(%(run_at)s::timestamptz, now() + %(delay)s::float8 * interval '1 second'),
         %(max_attempts)s, %(context)s, %(waiting_reason)s, %(limit_key)s, %(unique_scope)s,
-        %(on_dependency_failure)s, CASE WHEN %(status)s = 'cancelled' THEN now() END)
+        %(on_dependency_failure)s, CASE WHEN %(status)s = 'cancelled' THEN now() END, %(sequence)s)
 ON CONFLICT (queue, key) WHERE {KEY_HELD_PREDICATE} DO NOTHING
 RETURNING id, status, run_at, created_at, {NOTIFY_IF_READY} AS notified
 """
@@ -273,7 +273,7 @@ released AS (
       AND NOT EXISTS (
           SELECT 1 FROM outboxq_job_dependencies d2
           JOIN outboxq_jobs dep ON dep.id = d2.depends_on_id
-          WHERE d2.job_id = w.id AND dep.status <> 'done'
+          WHERE d2.job_id = w.id AND (dep.status <> 'done' OR dep.lease_token IS NOT NULL)
             AND dep.id NOT IN (SELECT id FROM done))
     RETURNING w.queue
 )"""
@@ -293,9 +293,43 @@ job_complete_one_lease = _JOB_COMPLETE.format(fence="j.lease_token = %(lease_tok
 # ctx.transaction()'s completion, refused once the lease has expired as well. That transaction holds the job's
 # row lock from its start (job_lock_if_leased), so no rescue can take the job meanwhile: a worker frozen inside
 # it past its lease (a zombie) would otherwise commit its effects after its slot went to another job, over
-# a concurrency limit (the chaos limits scenario saw 3 handlers of a tenant limited to 2).
-job_complete_in_lease = _JOB_COMPLETE.format(
-    fence="j.lease_token = %(lease_token)s::uuid AND j.lease_expires_at > clock_timestamp()")
+# a concurrency limit. It releases no dependent, and the job keeps its lease token: the handler's result is
+# only known once the handler returns, after this commits, and a step's dependents must see it
+# (ctx.parent_results). A done job that still has its token is "settling": no release counts it as done until
+# the completer stores its result and clears the token (job_settle_in_transaction, then
+# job_release_dependents), or, where the worker died in between, until its lease would have expired.
+job_complete_in_lease = """
+UPDATE outboxq_jobs j
+SET status = 'done', finished_at = now()
+WHERE j.id = ANY(%(ids)s::bigint[])
+  AND j.lease_token = %(lease_token)s::uuid AND j.lease_expires_at > clock_timestamp()
+  AND (j.status = 'running') IS TRUE
+RETURNING j.id
+"""
+
+# Jobs done in ctx.transaction() settle: their results stored (where they returned one), their tokens cleared.
+job_settle_in_transaction = """
+UPDATE outboxq_jobs j
+SET result = coalesce(r.result, j.result), lease_token = NULL, lease_expires_at = NULL
+FROM unnest(%(ids)s::bigint[], %(lease_tokens)s::uuid[], %(results)s::jsonb[]) AS r(id, lease_token, result)
+WHERE j.id = r.id AND j.status = 'done' AND j.lease_token = r.lease_token
+"""
+
+# The waiting jobs whose last dependency is among these done jobs become queued, their queues woken.
+job_release_dependents = f"""
+WITH released AS (
+    UPDATE outboxq_jobs w
+    SET status = 'queued', waiting_reason = NULL
+    WHERE w.status = 'waiting'
+      AND w.id IN (SELECT d.job_id FROM outboxq_job_dependencies d WHERE d.depends_on_id = ANY(%(ids)s::bigint[]))
+      AND NOT EXISTS (
+          SELECT 1 FROM outboxq_job_dependencies d2
+          JOIN outboxq_jobs dep ON dep.id = d2.depends_on_id
+          WHERE d2.job_id = w.id AND (dep.status <> 'done' OR dep.lease_token IS NOT NULL))
+    RETURNING w.queue
+)
+{JOB_COMPLETE_NOTIFY}
+"""
 
 # Fail jobs, each fenced by its own lease token, with the fate its retry policy decided in Python
 # (RetryPolicy.decide: 'retrying' after `delays` seconds, or 'dead'); each error goes to its job's history.
@@ -352,14 +386,11 @@ SELECT id, 'queued' AS status FROM snoozed
 """
 
 # The handlers' return values, written just before their jobs are completed (same transaction, same fence).
-# A job completed inside ctx.transaction() no longer has a lease: its result goes to its row if it is done.
 job_store_results = """
 UPDATE outboxq_jobs j
 SET result = r.result
 FROM unnest(%(ids)s::bigint[], %(lease_tokens)s::uuid[], %(results)s::jsonb[]) AS r(id, lease_token, result)
-WHERE j.id = r.id
-  AND ((j.status = 'running' AND j.lease_token = r.lease_token)
-       OR (r.lease_token IS NULL AND j.status = 'done' AND j.result IS NULL))
+WHERE j.id = r.id AND j.status = 'running' AND j.lease_token = r.lease_token
 """
 
 # ctx.set_progress(), fenced by the lease.
@@ -452,7 +483,7 @@ WITH cancelled AS (
     SET status = CASE WHEN status = 'running' THEN status ELSE 'cancelled' END,
         finished_at = CASE WHEN status = 'running' THEN finished_at ELSE now() END,
         cancel_requested = true
-    WHERE id = %(id)s AND status IN ('queued', 'waiting', 'retrying', 'running')
+    WHERE id = %(id)s AND status IN ('queued', 'waiting', 'retrying', 'running', 'dead')
     RETURNING id, status
 ),
 notified AS (SELECT pg_notify('{NOTIFY_CHANNEL}', '{CANCEL_NOTICE}') FROM cancelled WHERE status = 'running')
@@ -462,6 +493,27 @@ SELECT id, status, (SELECT count(*) FROM notified) AS notified FROM cancelled
 job_error_history = """
 SELECT attempt, error, traceback, failed_at, kind FROM outboxq_job_errors
 WHERE job_id = %(id)s ORDER BY id
+"""
+
+# A sequence's turn: the enqueuer takes the sequence's row (waiting for another enqueuer of the sequence to
+# commit), and reads the newest job as of that commit (an upsert works on the latest row version under READ
+# COMMITTED; under REPEATABLE READ a concurrent enqueuer makes it a serialization failure, never a wrong order).
+sequence_take_turn = """
+INSERT INTO outboxq_sequences AS s (sequence) VALUES (%(sequence)s)
+ON CONFLICT (sequence) DO UPDATE SET updated_at = now()
+RETURNING s.last_job_id
+"""
+
+# The status of the sequence's newest job, in a statement of its own: its snapshot is taken after the turn.
+job_status_of = "SELECT id, queue, key, status FROM outboxq_jobs WHERE id = %(id)s"
+
+sequence_set_last = "UPDATE outboxq_sequences SET last_job_id = %(job_id)s WHERE sequence = %(sequence)s"
+
+# The link to the sequence's job before: 'sequence' (held while it is dead) or 'run' (on_failure="continue").
+job_sequence_link_insert = """
+INSERT INTO outboxq_job_dependencies (job_id, depends_on_id, on_failure)
+VALUES (%(job_id)s, %(depends_on_id)s, %(on_failure)s)
+ON CONFLICT (job_id, depends_on_id) DO UPDATE SET on_failure = EXCLUDED.on_failure
 """
 
 # What a job waits for, and what waits for it.

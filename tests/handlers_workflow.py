@@ -1,0 +1,63 @@
+"""Handlers of the workflow and sequence tests, run by worker subprocesses (`outboxq worker --handlers`).
+
+Every step writes its effect through ctx.transaction() (exactly once, whatever dies), recording what it saw:
+its workflow, its step's name and its parents' results. Sequence jobs record when they started and ended.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from outboxq.workers import JobContext, consumer
+
+EFFECTS_DDL = ("CREATE TABLE IF NOT EXISTS test_wf_effects (job_id bigint PRIMARY KEY, workflow_id bigint, "
+               "step text, parents jsonb, pid int, at timestamptz DEFAULT clock_timestamp())")
+SEQUENCE_DDL = ("CREATE TABLE IF NOT EXISTS test_seq_runs (job_id bigint PRIMARY KEY, sequence text, n int, "
+                "started_at timestamptz, ended_at timestamptz DEFAULT clock_timestamp())")
+
+
+def _step(payload: dict, ctx: JobContext) -> dict:
+    """Record the step's effect once; fail first when the payload says so; return a result for the next."""
+    if payload.get("fail"):
+        raise RuntimeError(f"step {ctx.step} fails as asked")
+    time.sleep(payload.get("seconds", 0))
+    parents = ctx.parent_results
+    with ctx.transaction() as conn:
+        conn.execute("INSERT INTO test_wf_effects (job_id, workflow_id, step, parents, pid) "
+                     "VALUES (%s, %s, %s, %s::jsonb, %s)",
+                     (ctx.job_id, ctx.workflow_id, ctx.step, _json(parents), os.getpid()))
+    return {"step": ctx.step, "value": payload.get("value", 1)}
+
+
+def _json(value: object) -> str:
+    import json
+
+    return json.dumps(value)
+
+
+for _queue in ("wf-fetch", "wf-left", "wf-right", "wf-join", "wf-fan"):
+    consumer(_queue, max_attempts=2, lease_s=5)(_step)
+
+
+@consumer("wf-sum", max_attempts=2, lease_s=5)
+def total(payload: dict, ctx: JobContext) -> dict:
+    """The join of a fan-out: the sum of every parent's value."""
+    parents = ctx.parent_results
+    with ctx.transaction() as conn:
+        conn.execute("INSERT INTO test_wf_effects (job_id, workflow_id, step, parents, pid) "
+                     "VALUES (%s, %s, %s, %s::jsonb, %s)",
+                     (ctx.job_id, ctx.workflow_id, ctx.step, _json({"count": len(parents)}), os.getpid()))
+    return {"sum": sum(r["value"] for r in parents.values())}
+
+
+@consumer("seq", max_attempts=3, lease_s=5)
+def sequenced(payload: dict, ctx: JobContext) -> None:
+    """A sequence's job: records when it started and (in its transaction) when it ended."""
+    from datetime import UTC, datetime
+
+    started = datetime.now(UTC)
+    time.sleep(payload.get("seconds", 0.01))
+    with ctx.transaction() as conn:
+        conn.execute("INSERT INTO test_seq_runs (job_id, sequence, n, started_at) VALUES (%s, %s, %s, %s)",
+                     (ctx.job_id, payload["sequence"], payload["n"], started))
