@@ -261,6 +261,37 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_workflows(args: argparse.Namespace) -> int:
+    """Workflows: the newest ones, or one shown, cancelled or retried."""
+    from outboxq.db import connect
+    from outboxq.errors import WorkflowNotFound
+    from outboxq.queue import workflows
+
+    with connect(_current_url()) as conn:
+        if args.workflows_command is None:
+            rows = workflows.list_workflows(conn, limit=args.limit)
+            _print(rows, ["id", "name", "status", "steps", "done", "unfinished", "dead", "cancelled", "created_at"],
+                   args.json)
+            return 0
+        if args.workflows_command == "cancel":
+            out: Any = {"cancelled": workflows.cancel_workflow(conn, args.id)}
+        elif args.workflows_command == "retry":
+            out = workflows.retry_workflow(conn, args.id)
+        else:
+            info = workflows.get_workflow(conn, args.id)
+            if info is None:
+                raise WorkflowNotFound(args.id)
+            out = info.to_dict()
+            if not args.json:
+                print(f"workflow {info.id} ({info.name}): {info.status}")
+                _print([s.to_dict() for s in info.steps], ["name", "job_id", "queue", "status", "attempts"], False)
+                return 0
+        conn.commit()
+    print(json.dumps(out, default=str, indent=2) if args.json else
+          ", ".join(f"{k} {v}" for k, v in out.items()))
+    return 0
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
     """Retry and processing-time statistics per queue."""
     from outboxq.db import connect
@@ -442,6 +473,16 @@ def _add_operator_commands(sub: Any) -> None:
         j.add_argument("id", type=int)
         j.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_jobs)
+
+    p = sub.add_parser("workflows", help="the newest workflows and their status; show, cancel or retry one")
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_workflows)
+    workflows_sub = p.add_subparsers(dest="workflows_command")
+    for name in ("show", "cancel", "retry"):
+        w = workflows_sub.add_parser(name, help=f"{name} a workflow")
+        w.add_argument("id", type=int)
+        w.add_argument("--json", action="store_true")
 
     p = sub.add_parser("stats", help="retry and processing-time statistics")
     p.add_argument("--age-days", type=float, default=1.0)

@@ -78,6 +78,12 @@ class JobNotFound(OutboxqError, LookupError):
         super().__init__(f"no job has id {job_id}")
 
 
+class InvalidWorkflow(InvalidInput):
+    """A workflow's steps do not make a DAG: a repeated or unknown step name, a step after itself, a cycle."""
+
+    code = "invalid_workflow"
+
+
 class WorkflowNotFound(OutboxqError, LookupError):
     """No workflow has that id."""
 

@@ -174,11 +174,7 @@ class Completer:
                     "results": [o.result_json for o in with_results],
                 })
             if done_in_transaction:
-                ids = [o.job.id for o in done_in_transaction]
-                conn.execute(sql.job_settle_in_transaction, {
-                    "ids": ids, "lease_tokens": [o.job.lease_token for o in done_in_transaction],
-                    "results": [o.result_json if o.succeeded else None for o in done_in_transaction]})
-                conn.execute(sql.job_release_dependents, {"ids": ids})
+                _settle(conn, done_in_transaction)
             failed_writes = self._end(conn, to_end)
             for queue_name in now_healthy:
                 conn.execute(sql.queue_mark_healthy, {"queue": queue_name})
@@ -199,22 +195,7 @@ class Completer:
                 s.work.put(job)
 
         self._count_and_log(outcomes, to_complete, completed_ids, failed_writes)
-        with s.lock:
-            for o in outcomes:
-                s.in_flight.pop(o.job.id, None)
-        limits = s.limits  # (one reading: the dispatcher replaces the mapping when it re-reads the limits)
-        freed = {o.job.queue for o in outcomes} & limits.keys()
-        for queue_name in freed:
-            if limits[queue_name].per_key:  # (only per-key queues read it: fair_hold, keys_to_scan)
-                s.job_seconds[queue_name] = flow_limits.typical_job_seconds(
-                    s.job_seconds.get(queue_name), [o.duration_s for o in outcomes if o.job.queue == queue_name])
-        if handover is not None and len(handover.jobs) == sum(o.job.queue == handover.queue for o in outcomes):
-            freed.discard(handover.queue)  # (its slots were all handed over: no claim from the dispatcher)
-        if freed:
-            s.slots_freed += 1
-        for queue_name in freed:
-            s.idle_until[queue_name] = 0.0  # a slot of a limited queue is free: claim again now
-        s.wake.set()
+        _free_slots(s, outcomes, handover)
 
     def _count_and_log(self, outcomes: list[Outcome], to_complete: list[Outcome], completed_ids: set[int],
                        failed_writes: list[tuple[Outcome, Any]]) -> None:
@@ -295,6 +276,36 @@ def _connection_lost(conn: DictConnection, exc: BaseException) -> bool:
 
 
 _RETRIED_CLASSES = frozenset({"08", "40", "53", "57", "58"})
+
+
+def _settle(conn: DictConnection, done_in_transaction: list[Outcome]) -> None:
+    """Store the results of jobs done in ctx.transaction(), clear their tokens, then release their dependents."""
+    ids = [o.job.id for o in done_in_transaction]
+    conn.execute(sql.job_settle_in_transaction, {
+        "ids": ids, "lease_tokens": [o.job.lease_token for o in done_in_transaction],
+        "results": [o.result_json if o.succeeded else None for o in done_in_transaction]})
+    conn.execute(sql.job_release_dependents, {"ids": ids})
+
+
+def _free_slots(s: WorkerState, outcomes: list[Outcome], handover: Handover | None) -> None:
+    """After a write: the outcomes leave the in-flight set, and the dispatcher is woken to claim again (now, for
+    a limited queue whose slots were freed and not handed over)."""
+    with s.lock:
+        for o in outcomes:
+            s.in_flight.pop(o.job.id, None)
+    limits = s.limits  # (one reading: the dispatcher replaces the mapping when it re-reads the limits)
+    freed = {o.job.queue for o in outcomes} & limits.keys()
+    for queue_name in freed:
+        if limits[queue_name].per_key:  # (only per-key queues read it: fair_hold, keys_to_scan)
+            s.job_seconds[queue_name] = flow_limits.typical_job_seconds(
+                s.job_seconds.get(queue_name), [o.duration_s for o in outcomes if o.job.queue == queue_name])
+    if handover is not None and len(handover.jobs) == sum(o.job.queue == handover.queue for o in outcomes):
+        freed.discard(handover.queue)  # (its slots were all handed over: no claim from the dispatcher)
+    if freed:
+        s.slots_freed += 1
+    for queue_name in freed:
+        s.idle_until[queue_name] = 0.0  # a slot of a limited queue is free: claim again now
+    s.wake.set()
 
 
 def bounded(outcome: Outcome, settings: Settings) -> Outcome:

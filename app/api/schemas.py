@@ -402,3 +402,102 @@ def _iso(value: datetime | None, formatted: dict[int, str]) -> str | None:
     if text is None:
         text = formatted[id(value)] = value.isoformat()
     return text
+
+
+class WorkflowEdge(RequestModel):
+    """An edge to an earlier step, with what this step does when that one fails."""
+
+    step: str = Field(min_length=1, max_length=255, pattern=KEY_PATTERN)
+    on_failure: Literal["cancel", "run"] = Field(
+        "cancel", description="'cancel': this step (and what comes after it) is cancelled when that step fails; "
+                              "'run': this step runs once that step finished, however (a clean-up step)")
+
+
+class WorkflowStepCreate(RequestModel):
+    """One step of a workflow: a job of `queue`, run after the steps of `after`."""
+
+    name: str = Field(min_length=1, max_length=255, pattern=KEY_PATTERN, description="Unique within the workflow")
+    queue: str = Field(pattern=QUEUE_PATTERN)
+    payload: Any = Field(None, description="Any JSON value; the step's handler receives it as is")
+    after: list[Annotated[str, Field(min_length=1, max_length=255, pattern=KEY_PATTERN)] | WorkflowEdge] = Field(
+        default_factory=list, max_length=10_000,
+                                            description="The steps it waits for: names, or edges with a policy")
+    priority: Priority = 0
+    max_attempts: MaxAttempts | None = None
+
+
+class WorkflowCreate(RequestModel):
+    """A whole workflow: written in one transaction, or not at all (a cycle or an unknown step is a 422)."""
+
+    name: str = Field(min_length=1, max_length=255, pattern=KEY_PATTERN)
+    steps: list[WorkflowStepCreate] = Field(min_length=1, max_length=10_000)
+
+
+class WorkflowCreated(BaseModel):
+    """The id of the workflow written."""
+
+    id: int
+
+
+class WorkflowStepPublic(BaseModel):
+    """A step of a workflow and where it stands."""
+
+    name: str
+    job_id: int
+    queue: str
+    status: str
+    attempts: int
+    max_attempts: int | None = None
+    result: Any = None
+    last_error: str | None = None
+    waiting_reason: str | None = None
+    worker_id: str | None = Field(None, description="The worker that ran (or runs) its latest attempt")
+    created_at: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    after: list[dict[str, Any]] = Field(default_factory=list, description="{step, job_id, on_failure} each")
+
+
+class WorkflowPublic(BaseModel):
+    """A workflow: running, done, failed (a step is dead) or cancelled, with every step."""
+
+    id: int
+    name: str
+    status: Literal["running", "done", "failed", "cancelled"]
+    created_at: str
+    cancelled_at: str | None = None
+    steps: list[WorkflowStepPublic]
+
+
+class WorkflowSummary(BaseModel):
+    """A workflow in a listing: its status and its steps counted."""
+
+    id: int
+    name: str
+    status: Literal["running", "done", "failed", "cancelled"]
+    steps: int
+    done: int
+    dead: int
+    cancelled: int
+    unfinished: int
+    created_at: str
+
+
+class WorkflowPage(BaseModel):
+    """The newest workflows; pass next_before as ?before= for the older ones (null: no more)."""
+
+    items: list[WorkflowSummary]
+    next_before: int | None = None
+
+
+class WorkflowCancelled(BaseModel):
+    """How many unfinished steps were cancelled."""
+
+    cancelled: int
+
+
+class WorkflowRetried(BaseModel):
+    """How many dead steps run again, and how many steps cancelled because of them wait again."""
+
+    retried: int
+    waiting: int

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from outboxq.errors import InvalidInput, InvalidTransition, WorkflowNotFound
+from outboxq.errors import InvalidInput, InvalidTransition, InvalidWorkflow, WorkflowNotFound
 from outboxq.queue import context as job_context
 from outboxq.queue import sql
 from outboxq.queue.enqueue import (
@@ -77,7 +77,7 @@ class Workflow:
         queue, priority or max_attempts; an unknown name or a cycle is refused by enqueue()."""
         _validate_name("step", name)
         if name in self.steps:
-            raise InvalidInput(f"workflow {self.name!r} has two steps named {name!r}: step names are unique")
+            raise InvalidWorkflow(f"workflow {self.name!r} has two steps named {name!r}: step names are unique")
         validate_queue_name(queue)
         if isinstance(priority, bool) or not isinstance(priority, int) \
                 or not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:
@@ -133,14 +133,14 @@ class Workflow:
         for step in self.steps.values():
             unknown = [before for before, _ in step.after if before not in self.steps]
             if unknown:
-                raise InvalidInput(f"step {step.name!r} comes after {unknown[0]!r}, which is not a step of "
+                raise InvalidWorkflow(f"step {step.name!r} comes after {unknown[0]!r}, which is not a step of "
                                    f"workflow {self.name!r}")
         sorter = graphlib.TopologicalSorter({s.name: [b for b, _ in s.after] for s in self.steps.values()})
         try:
             return list(sorter.static_order())
         except graphlib.CycleError as cycle:
             path = " -> ".join(cycle.args[1])
-            raise InvalidInput(f"workflow {self.name!r} has a cycle: {path}") from None
+            raise InvalidWorkflow(f"workflow {self.name!r} has a cycle: {path}") from None
 
 
 def _edges(name: str, after: Iterable[Any]) -> tuple[tuple[str, str], ...]:
@@ -158,7 +158,7 @@ def _edges(name: str, after: Iterable[Any]) -> tuple[tuple[str, str], ...]:
             raise InvalidInput(f"step {name!r}: the policy after {before!r} must be one of "
                                f"{', '.join(EDGE_POLICIES)}, not {policy!r}")
         if before == name:
-            raise InvalidInput(f"step {name!r} cannot come after itself")
+            raise InvalidWorkflow(f"step {name!r} cannot come after itself")
         edges[before] = policy
     return tuple(edges.items())
 

@@ -6,7 +6,8 @@ their own), OPTIONS answers with the right Allow header.
 Rejections that depend on the server's state or configuration, which no schema can express, are allowed:
 an unknown listing marker (400 invalid_marker), dependencies on jobs that do not exist (422
 unknown_dependency), an Idempotency-Key reused with another body (409), a Spark processor name the operator
-did not register (422), and a NUL character or a lone surrogate in a payload (422: JSON allows them,
+did not register (422), a workflow whose steps make no DAG (422 invalid_workflow: a graph's rules are beyond
+JSON Schema), and a NUL character or a lone surrogate in a payload (422: JSON allows them,
 PostgreSQL's text and jsonb cannot hold them).
 """
 
@@ -65,7 +66,8 @@ def _answers(httpx, url: str) -> bool:
         return False
 
 
-STATE_DEPENDENT = {(400, "invalid_marker"), (422, "unknown_dependency"), (409, "idempotency_key_reused")}
+STATE_DEPENDENT = {(400, "invalid_marker"), (422, "unknown_dependency"), (409, "idempotency_key_reused"),
+                   (422, "invalid_workflow")}
 EXAMPLES_PER_OPERATION_AND_MODE = 20
 
 

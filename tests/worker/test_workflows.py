@@ -5,6 +5,7 @@ SIGKILLed worker costs nothing; sequences run one job at a time, in enqueue orde
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -343,3 +344,28 @@ def test_a_sequence_needs_a_transaction_and_a_valid_name(db_url):
             enqueue(conn, "s", {}, sequence="a", on_failure="later")
         with pytest.raises(InvalidInput, match="sequence"):
             enqueue(conn, "s", {}, on_failure="continue")
+
+
+def test_the_workflows_command_lists_shows_cancels_and_refuses_a_retry_after_cancel(db_url):
+    env = {**os.environ, "DATABASE_URL": db_url}
+
+    def cli(*args: str, code: int = 0) -> str:
+        done = subprocess.run([sys.executable, "-m", "outboxq.cli", "--log-level", "WARNING", "workflows", *args],
+                              env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert done.returncode == code, done.stderr
+        return done.stdout if code == 0 else done.stderr
+
+    with psycopg.connect(db_url) as conn:
+        ids = [_diamond(f"cli-{i}").enqueue(conn) for i in range(3)]
+        conn.commit()
+    table = cli()
+    header, _, *rows = table.splitlines()
+    assert header.split()[:4] == ["id", "name", "status", "steps"]
+    assert [r.split()[0] for r in rows] == [str(i) for i in reversed(ids)]
+    assert all(r.split()[2] == "running" for r in rows)
+    assert f"workflow {ids[0]} (cli-0): running" in cli("show", str(ids[0]))
+    assert [s["name"] for s in json.loads(cli("show", str(ids[0]), "--json"))["steps"]] == \
+        ["fetch", "left", "right", "join"]
+    assert "cancelled 4" in cli("cancel", str(ids[0]))
+    assert "was cancelled" in cli("retry", str(ids[0]), code=1)
+    assert "no workflow has id" in cli("show", "999999", code=1)
