@@ -176,3 +176,56 @@ def test_the_api_docs_render_in_a_browser_that_may_reach_nothing_but_the_server(
         assert page.locator(".opblock").count() > 10
         assert elsewhere == []
         browser.close()
+
+
+def test_a_workflow_is_drawn_with_each_steps_state_and_cancelled_from_its_page(db_url, server):
+    """The workflows list, a workflow's graph (a box per step, in its status's colour, linking to its job), the
+    job page's link back, and the cancel button; no console error on the way."""
+    from outboxq import Workflow, get_workflow
+    from outboxq.testing import TestQueue
+    from outboxq.workers.registry import register
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    wf = Workflow("ui-order")
+    fetch = wf.step("fetch", queue="ui-wf-fetch", payload={"order": 1})
+    left = wf.step("left", queue="ui-wf-left", after=[fetch])
+    right = wf.step("right", queue="ui-wf-right", after=[(fetch, "run")])
+    wf.step("join", queue="ui-wf-join", after=[left, right])
+    with psycopg.connect(db_url) as conn:
+        workflow_id = wf.enqueue(conn)
+        conn.commit()
+    register(Consumer("ui-wf-fetch", lambda payload, ctx: {"rows": 2}))
+    TestQueue(db_url).run_one("ui-wf-fetch")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        page = browser.new_page()
+        console_errors: list[str] = []
+        page.on("console", lambda message: console_errors.append(message.text) if message.type == "error" else None)
+        page.on("dialog", lambda dialog: dialog.accept())
+        page.goto(server + "/ui/")
+        page.fill("#token", TOKEN)
+        page.click("#sign-in-form button")
+        page.wait_for_selector("#queues")
+        page.click("nav a[href='#/workflows']")
+        page.wait_for_selector(f"#workflows a[href='#/workflows/{workflow_id}']")
+        assert "running" in page.inner_text("#workflows tbody")
+        page.click(f"#workflows a[href='#/workflows/{workflow_id}']")
+        page.wait_for_selector("#workflow-graph")
+        states = {page.get_attribute(f"#workflow-graph a[data-step='{name}']", "class") for name in ("fetch",)}
+        assert states == {"done"}
+        assert page.get_attribute("#workflow-graph a[data-step='left']", "class") == "queued"
+        assert page.get_attribute("#workflow-graph a[data-step='join']", "class") == "waiting"
+        assert page.locator("#workflow-graph path.edge").count() == 4
+        assert page.locator("#workflow-graph path.edge.run").count() == 1
+        page.screenshot(path=str(SHOTS / "workflow.png"), full_page=True)
+        page.click("#workflow-graph a[data-step='join']")
+        page.wait_for_selector("#job-workflow")
+        assert f"workflow {workflow_id}, step join" in page.inner_text("#job-workflow")
+        page.click("#job-workflow")
+        page.wait_for_selector("#cancel-workflow")
+        page.click("#cancel-workflow")
+        page.wait_for_selector("#workflow-status .status.cancelled")
+        browser.close()
+    assert console_errors == []
+    with psycopg.connect(db_url) as conn:
+        assert get_workflow(conn, workflow_id).status == "cancelled"

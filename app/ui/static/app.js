@@ -188,6 +188,8 @@ async function showJob(id) {
         <button id="retry-job">Retry now</button>
         <button class="danger" id="cancel-job">Cancel</button>
         <a href="#/queues/${encodeURIComponent(job.queue)}">queue ${esc(job.queue)}</a>
+        ${job.workflow_id ? `<a id="job-workflow" href="#/workflows/${job.workflow_id}">workflow ${job.workflow_id}, step ${esc(job.step)}</a>` : ""}
+        ${job.sequence ? `<span id="job-sequence">sequence ${esc(job.sequence)}</span>` : ""}
       </div>
       <table>
         <tr><th>key</th><td>${esc(job.key)}</td><th>priority</th><td>${job.priority}</td></tr>
@@ -207,6 +209,66 @@ async function showJob(id) {
     </section>`;
   document.getElementById("retry-job").addEventListener("click", () => act(`Retry job ${id}`, "POST", `/v1/jobs/${id}/retry`, () => showJob(id)));
   document.getElementById("cancel-job").addEventListener("click", () => act(`Cancel job ${id}`, "POST", `/v1/jobs/${id}/cancel`, () => showJob(id)));
+}
+
+// ---------------------------------------------------------------- workflows
+
+async function showWorkflows() {
+  const page = await api("GET", "/v1/workflows?limit=50");
+  view.innerHTML = `
+    <section class="card"><h2>Workflows</h2>
+    <table id="workflows"><thead><tr><th>id</th><th>name</th><th>status</th><th>steps</th><th>done</th><th>unfinished</th><th>dead</th><th>cancelled</th><th>created</th></tr></thead>
+    <tbody>${page.items.map(w => `<tr><td><a href="#/workflows/${w.id}">${w.id}</a></td><td>${esc(w.name)}</td><td>${statusBadge(w.status)}</td>
+      <td class="num">${w.steps}</td><td class="num">${w.done}</td><td class="num">${w.unfinished}</td><td class="num">${w.dead}</td><td class="num">${w.cancelled}</td>
+      <td>${esc(w.created_at)}</td></tr>`).join("") || `<tr><td colspan="9">No workflows yet.</td></tr>`}</tbody></table></section>`;
+}
+
+// The steps laid out by depth (a step one column right of the deepest step it comes after), edges as lines
+// (dashed: an edge that runs its step even when the one before fails). Drawn up to MAX_DRAWN steps.
+const MAX_DRAWN = 300;
+function workflowGraph(steps) {
+  const byName = new Map(steps.map(s => [s.name, s])), depth = new Map();
+  const depthOf = name => {
+    if (depth.has(name)) return depth.get(name);
+    depth.set(name, 0);  // (a guard: the server refuses cycles)
+    const step = byName.get(name);
+    const d = step ? Math.max(0, ...step.after.filter(e => byName.has(e.step)).map(e => depthOf(e.step) + 1)) : 0;
+    depth.set(name, d);
+    return d;
+  };
+  steps.forEach(s => depthOf(s.name));
+  const columns = [];
+  steps.forEach(s => { const d = depth.get(s.name); (columns[d] = columns[d] || []).push(s); });
+  const boxW = 130, boxH = 26, gapX = 60, gapY = 12, place = new Map();
+  columns.forEach((column, x) => column.forEach((s, y) => place.set(s.name, {x: 10 + x * (boxW + gapX), y: 10 + y * (boxH + gapY)})));
+  const width = 20 + columns.length * (boxW + gapX), height = 20 + Math.max(...columns.map(c => c.length)) * (boxH + gapY);
+  const edges = steps.flatMap(s => s.after.filter(e => place.has(e.step)).map(e => {
+    const from = place.get(e.step), to = place.get(s.name);
+    return `<path class="edge ${e.on_failure === "run" ? "run" : ""}" d="M${from.x + boxW},${from.y + boxH / 2} C${from.x + boxW + gapX / 2},${from.y + boxH / 2} ${to.x - gapX / 2},${to.y + boxH / 2} ${to.x},${to.y + boxH / 2}"/>`;
+  })).join("");
+  const nodes = steps.map(s => { const p = place.get(s.name); return `
+    <a href="#/jobs/${s.job_id}" class="${esc(s.status)}" data-step="${esc(s.name)}"><rect x="${p.x}" y="${p.y}" width="${boxW}" height="${boxH}"/>
+    <text x="${p.x + 6}" y="${p.y + 17}">${esc(s.name.slice(0, 16))} · ${esc(s.status)}</text><title>${esc(s.name)}: ${esc(s.status)}</title></a>`; }).join("");
+  return `<svg class="workflow-graph" id="workflow-graph" viewBox="0 0 ${width} ${height}" width="${width}" height="${height}">${edges}${nodes}</svg>`;
+}
+
+async function showWorkflow(id) {
+  const wf = await api("GET", `/v1/workflows/${id}`);
+  view.innerHTML = `
+    <section class="card">
+      <h2>Workflow ${wf.id} ${esc(wf.name)} <span id="workflow-status">${statusBadge(wf.status)}</span></h2>
+      <div class="toolbar">
+        <button id="retry-workflow">Retry failed steps</button>
+        <button class="danger" id="cancel-workflow">Cancel workflow</button>
+      </div>
+      ${wf.steps.length <= MAX_DRAWN ? workflowGraph(wf.steps) : `<p class="note">${wf.steps.length} steps: too many to draw; listed below.</p>`}
+      <table id="workflow-steps"><thead><tr><th>step</th><th>job</th><th>queue</th><th>status</th><th>attempts</th><th>after</th><th>last error</th></tr></thead>
+      <tbody>${wf.steps.map(s => `<tr><td>${esc(s.name)}</td><td><a href="#/jobs/${s.job_id}">${s.job_id}</a></td><td>${esc(s.queue)}</td>
+        <td>${statusBadge(s.status)}</td><td class="num">${s.attempts}</td><td>${esc(s.after.map(e => e.step + (e.on_failure === "run" ? " (runs anyway)" : "")).join(", "))}</td>
+        <td>${esc(s.last_error || s.waiting_reason)}</td></tr>`).join("")}</tbody></table>
+    </section>`;
+  document.getElementById("retry-workflow").addEventListener("click", () => act(`Retry the failed steps of workflow ${id}`, "POST", `/v1/workflows/${id}/retry`, () => showWorkflow(id)));
+  document.getElementById("cancel-workflow").addEventListener("click", () => act(`Cancel workflow ${id}`, "POST", `/v1/workflows/${id}/cancel`, () => showWorkflow(id)));
 }
 
 // ---------------------------------------------------------------- spark
@@ -231,6 +293,8 @@ async function route() {
   try {
     if (parts[0] === "queues" && parts[1]) await showQueue(parts[1], params);
     else if (parts[0] === "jobs" && parts[1]) await showJob(Number(parts[1]));
+    else if (parts[0] === "workflows" && parts[1]) await showWorkflow(Number(parts[1]));
+    else if (parts[0] === "workflows") await showWorkflows();
     else if (parts[0] === "spark") await showSpark();
     else await showQueues();
   } catch (error) {
