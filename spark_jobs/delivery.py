@@ -19,6 +19,7 @@ drivers of one processor run at once; each has its own id and epoch, and each sn
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import re
 import traceback as traceback_module
@@ -216,7 +217,9 @@ def claim_snapshot(
             # Exactly these jobs were already delivered by this processor (an admin re-ran finished jobs):
             # their results are in the output table once, so they complete without a second delivery.
             log.warning("spark: jobs %s were already delivered under %s; completing them", job_ids, hash_)
-            _execute(conn, job_sql.job_complete_one_lease, {"ids": job_ids, "lease_token": lease_token})
+            _execute(conn, job_sql.job_complete_one_lease, {
+                "ids": job_ids, "lease_token": lease_token,
+                "result": json.dumps({"delivery_hash": hash_, "jobs": len(job_ids), "already_delivered": True})})
             return None
     snapshot = Snapshot(
         id=int(inserted["id"]), processor_id=processor_id, driver_id=driver_id, queue=queue,
@@ -391,8 +394,10 @@ def deliver(
             "id": snapshot.id, "lease_token": snapshot.lease_token,
             "rows_written": rows_written, "error": _failed_summary(failed_jobs),
         })
+        summary = {"snapshot": snapshot.id, "delivery_hash": snapshot.delivery_hash, "jobs": len(good_ids),
+                   "rows_written": rows_written, "output_table": f"{results_schema}.{snapshot.output_table}"}
         completed = [r for r in _execute(conn, job_sql.job_complete_one_lease, {
-            "ids": good_ids, "lease_token": snapshot.lease_token}).fetchall()
+            "ids": good_ids, "lease_token": snapshot.lease_token, "result": json.dumps(summary)}).fetchall()
             if r["id"] is not None]
         if len(completed) != len(good_ids):
             raise DeliveryFenced(f"snapshot {snapshot.id}: {len(good_ids) - len(completed)} of its jobs lost "

@@ -21,6 +21,7 @@ from outboxq.spark_jobs.delivery import (
     STEP_DURING_PROCESSING,
 )
 from outboxq.spark_jobs.processing import SparkEngine, infer_schema, schema_sample
+from tests.handlers_runtime import isolated_registry  # noqa: F401 - the report step's consumer is forgotten
 from tests.spark_support import (
     Crash,
     crash_at,
@@ -155,3 +156,32 @@ def test_the_schema_sample_is_spread_over_the_batch_and_the_same_for_the_same_jo
     assert len(sample) == 101 and sample[0] == "0" and sample[-1] == "9999" and sample[50] == "5000"
     assert schema_sample(lines, 100) == sample
     assert schema_sample(lines, 0) == lines and schema_sample(lines[:50], 100) == lines[:50]
+
+
+def test_a_spark_batch_is_a_workflow_step_whose_summary_the_next_step_receives(db_url, spark):
+    from outboxq import Workflow, get_workflow
+    from outboxq.testing import TestQueue
+    from outboxq.workers.registry import Consumer, register
+    from tests.spark_support import QUEUE
+
+    payloads = order_payloads(4)
+    wf = Workflow("nightly")
+    orders = [wf.step(f"order-{i}", queue=QUEUE, payload=p) for i, p in enumerate(payloads)]
+    wf.step("report", queue="report", after=orders)
+    with psycopg.connect(db_url) as conn:
+        workflow_id = wf.enqueue(conn)
+        conn.commit()
+    stats = run_until_empty(db_url, SparkEngine(spark, examples.order_totals), batch_size=100,
+                            output_table="order_totals")
+    assert stats.jobs_completed == 4
+    seen = []
+    register(Consumer("report", lambda payload, ctx: seen.append(ctx.parent_results)))
+    TestQueue(db_url).run_one("report")
+    [parents] = seen
+    assert set(parents) == {f"order-{i}" for i in range(4)}
+    summaries = list(parents.values())
+    assert all(s == summaries[0] for s in summaries)  # one batch: one summary for each of its jobs
+    assert summaries[0]["jobs"] == 4 and summaries[0]["rows_written"] == len(table_rows(db_url, "order_totals"))
+    assert summaries[0]["output_table"].endswith(".order_totals") and len(summaries[0]["delivery_hash"]) == 64
+    with psycopg.connect(db_url) as conn:
+        assert get_workflow(conn, workflow_id).status == "done"

@@ -259,7 +259,7 @@ RETURNING j.id, j.queue, j.key, j.payload, j.payload_bytes, j.attempts, j.max_at
 # make each completion slower than the last during a long drain, or loop over the pairs for every row.
 JOB_COMPLETE_CTES = """done AS (
     UPDATE outboxq_jobs j
-    SET status = 'done', finished_at = now(), lease_token = NULL, lease_expires_at = NULL
+    SET status = 'done', finished_at = now(), lease_token = NULL, lease_expires_at = NULL{also_set}
     WHERE j.id = ANY(%(ids)s::bigint[])
       AND {fence}
       AND (j.status = 'running') IS TRUE  -- written so that the lease index's predicate does not match
@@ -284,11 +284,13 @@ _JOB_COMPLETE = "\nWITH " + JOB_COMPLETE_CTES + "\nSELECT id FROM done\nUNION AL
 # Each job fenced by its own token (a worker's completions; flow control's too, limits_sql).
 FENCE_BY_TOKENS = ("j.lease_token = ((SELECT jsonb_object(%(ids)s::bigint[]::text[], %(lease_tokens)s::uuid[]::text[]))"
                    "\n                           ->> j.id::text)::uuid")
-job_complete_batch = _JOB_COMPLETE.format(fence=FENCE_BY_TOKENS)
+job_complete_batch = _JOB_COMPLETE.format(fence=FENCE_BY_TOKENS, also_set="")
 
 # The same for jobs that share one lease token (a Spark snapshot's): no per-job lookup, and one token sent
-# instead of one per job.
-job_complete_one_lease = _JOB_COMPLETE.format(fence="j.lease_token = %(lease_token)s::uuid")
+# instead of one per job. Each job's result is the delivery's summary (so a Spark batch that is a workflow's
+# step hands it to the steps after it).
+job_complete_one_lease = _JOB_COMPLETE.format(fence="j.lease_token = %(lease_token)s::uuid",
+                                              also_set=", result = %(result)s::jsonb")
 
 # ctx.transaction()'s completion, refused once the lease has expired as well. That transaction holds the job's
 # row lock from its start (job_lock_if_leased), so no rescue can take the job meanwhile: a worker frozen inside

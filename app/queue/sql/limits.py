@@ -304,7 +304,7 @@ flow_claimed_keys AS (SELECT '' AS limit_key, count(*)::int AS n FROM flow_claim
 # One statement and one round trip on the completer's autocommit connection, instead of the completion, the
 # claim slot, the claim and the commit (halving the cost of writing one outcome and claiming its next job).
 job_complete_handing_over = _compact(
-    "WITH " + sql.JOB_COMPLETE_CTES.format(fence=sql.FENCE_BY_TOKENS) + ",\n" + _LIMITS.strip() + """,
+    "WITH " + sql.JOB_COMPLETE_CTES.format(fence=sql.FENCE_BY_TOKENS, also_set="") + ",\n" + _LIMITS.strip() + """,
 flow_handed AS (
     -- (By primary key: written as one IS TRUE test, the queue and the lease are no index condition: the generic
     -- plan read every job of the queue, history too, through the feed index.)
