@@ -53,3 +53,9 @@ def test_http_load_runs(pg_server_url):
 def test_http_phases_runs(pg_server_url):
     out = _run("http_phases.py", "--database-url", pg_server_url, "--requests", "3", "--jobs", "20")
     assert "enqueue_many" in out and "HTTP / Python" in out
+
+
+def test_workflow_cost_runs(pg_server_url):
+    out = _run("workflow_cost.py", pg_server_url, "2000")
+    assert "hand-off: a diamond" in out and "sequences: 2,000 jobs" in out
+    assert "outboxq_jobs_workflow_step_idx" in out and "Execution Time" in out

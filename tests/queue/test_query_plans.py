@@ -243,3 +243,29 @@ def test_the_workers_claims_and_writes_are_planned_once_per_connection_and_read_
         assert_no_seq_scan(plan)
         used = {n["Index Name"] for n in plan_nodes(plan) if n.get("Index Name")}
         assert index in used and used <= allowed[name], (name, used)
+
+
+def test_a_workflows_detail_and_the_workflow_listing_read_its_steps_through_the_workflow_index(conn):
+    """Beside 200,000 finished workflow steps (50,000 workflows), one workflow's steps and the newest
+    workflows' counts are index lookups by workflow, never a scan of the jobs."""
+    conn.execute("INSERT INTO outboxq_workflows (name, steps) SELECT 'w' || g, 4 FROM generate_series(1, %s) g",
+                 (HISTORY // 4,))
+    conn.execute("""
+        INSERT INTO outboxq_jobs (queue, status, payload, workflow_id, step, finished_at)
+        SELECT 'hist', 'done', '{}'::jsonb, w.id, s.step, now()
+        FROM outboxq_workflows w, unnest(ARRAY['fetch', 'left', 'right', 'join']) AS s(step)""")
+    conn.commit()
+    conn.autocommit = True
+    conn.execute("ANALYZE")
+    conn.autocommit = False
+    middle = HISTORY // 8
+    for statement, params in ((sql.workflow_steps, {"id": middle}),
+                              (sql.workflow_list, {"limit": 50, "before": None}),
+                              (sql.workflow_list, {"limit": 50, "before": middle}),
+                              (sql.workflow_cancel_steps, {"id": middle}),
+                              (sql.workflow_retry_steps, {"id": middle})):
+        plan = plan_of(conn, statement, params)
+        assert_no_seq_scan(plan)
+        assert ("Index Scan", "outboxq_jobs_workflow_step_idx") in scans_of_jobs(plan) or \
+            ("Bitmap Index Scan", "outboxq_jobs_workflow_step_idx") in [
+                (n["Node Type"], n.get("Index Name")) for n in plan_nodes(plan)], json.dumps(plan, indent=1)[:3000]
