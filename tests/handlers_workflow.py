@@ -1,6 +1,7 @@
 """Handlers of the workflow and sequence tests, run by worker subprocesses (`outboxq worker --handlers`).
 
-Every step writes its effect through ctx.transaction() (exactly once, whatever dies), recording what it saw:
+Every step writes its effect through ctx.transaction() (exactly once, whatever dies; the tables have no unique
+key, so a second run with effects would show as a second row), recording what it saw:
 its workflow, its step's name and its parents' results. Sequence jobs record when they started and ended.
 """
 
@@ -11,9 +12,9 @@ import time
 
 from outboxq.workers import JobContext, consumer
 
-EFFECTS_DDL = ("CREATE TABLE IF NOT EXISTS test_wf_effects (job_id bigint PRIMARY KEY, workflow_id bigint, "
+EFFECTS_DDL = ("CREATE TABLE IF NOT EXISTS test_wf_effects (job_id bigint, workflow_id bigint, "
                "step text, parents jsonb, pid int, at timestamptz DEFAULT clock_timestamp())")
-SEQUENCE_DDL = ("CREATE TABLE IF NOT EXISTS test_seq_runs (job_id bigint PRIMARY KEY, sequence text, n int, "
+SEQUENCE_DDL = ("CREATE TABLE IF NOT EXISTS test_seq_runs (job_id bigint, sequence text, n int, "
                 "started_at timestamptz, ended_at timestamptz DEFAULT clock_timestamp())")
 
 

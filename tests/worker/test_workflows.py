@@ -293,6 +293,7 @@ def test_three_sequences_of_fifteen_under_three_workers_run_in_order_one_at_a_ti
         stop_processes(*workers)
     with psycopg.connect(db_url, row_factory=dict_row) as c:
         runs = c.execute("SELECT * FROM test_seq_runs ORDER BY started_at").fetchall()
+    assert len({r["job_id"] for r in runs}) == len(runs) == 45  # none ran twice with its effects
     for s in ("customer-1", "customer-2", "customer-3"):
         mine = [r for r in runs if r["sequence"] == s]
         assert [r["n"] for r in mine] == list(range(15)), s

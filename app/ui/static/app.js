@@ -196,6 +196,7 @@ async function showJob(id) {
         <tr><th>attempts</th><td id="job-attempts">${job.attempts} of ${job.max_attempts ?? "default"}</td><th>run at</th><td>${esc(job.run_at)}</td></tr>
         <tr><th>created</th><td>${esc(job.created_at)}</td><th>started</th><td>${esc(job.started_at)}</td></tr>
         <tr><th>finished</th><td>${esc(job.finished_at)}</td><th>last error</th><td>${esc(job.last_error)}</td></tr>
+        ${job.waiting_reason ? `<tr><th>waiting because</th><td colspan="3" id="job-waiting-reason">${esc(job.waiting_reason)}</td></tr>` : ""}
         <tr><th>progress</th><td id="job-progress">${job.progress == null ? "" : `${Math.round(job.progress * 100)}% ${esc(job.progress_message)}`}</td><th>snoozes</th><td>${job.snoozes ?? 0}</td></tr>
       </table>
       <h3>Payload</h3><pre id="payload">${esc(JSON.stringify(job.payload, null, 2))}</pre>
