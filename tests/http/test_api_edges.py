@@ -128,9 +128,10 @@ def test_a_30_mib_batch_of_100k_jobs_is_refused_without_the_server_growing_or_st
         for name, content in (("with Content-Length", body), ("chunked", (body[i:i + MiB]
                                                                           for i in range(0, len(body), MiB)))):
             with _Watch(base, process) as watch:
-                time.sleep(0.1)  # a /healthz answered before
+                wait_for(lambda watch=watch: watch.answers >= 1, timeout=10)  # a /healthz answered before
+                before = watch.answers
                 refused = client.post(f"{base}/v1/queues/flood/jobs/batch", content=content, headers=headers)
-                time.sleep(0.1)
+                wait_for(lambda watch=watch, before=before: watch.answers >= before + 2, timeout=10)  # and after, the server still there
             assert refused.status_code in (413, 422), (name, refused.text)
             assert "max_batch_jobs" in refused.json()["error"]["message"], name
             assert watch.peak - watch.baseline < 256 * MiB, (name, (watch.peak - watch.baseline) / MiB)
