@@ -292,6 +292,20 @@ def cmd_workflows(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_workers(args: argparse.Namespace) -> int:
+    """The live worker processes: host, pid, queues, jobs in flight, last seen."""
+    from outboxq.db import connect
+    from outboxq.queue import admin
+
+    with connect(_current_url()) as conn:
+        rows = admin.live_workers(conn)
+    for row in rows:
+        row["queues"] = ",".join(q["queue"] for q in row["queues"]) if not args.json else row["queues"]
+    _print(rows, ["id", "host", "pid", "version", "queues", "concurrency", "in_flight", "started_at",
+                  "last_seen_at"], args.json)
+    return 0
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
     """Retry and processing-time statistics per queue."""
     from outboxq.db import connect
@@ -483,6 +497,10 @@ def _add_operator_commands(sub: Any) -> None:
         w = workflows_sub.add_parser(name, help=f"{name} a workflow")
         w.add_argument("id", type=int)
         w.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("workers", help="the live worker processes, their queues and jobs in flight")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_workers)
 
     p = sub.add_parser("stats", help="retry and processing-time statistics")
     p.add_argument("--age-days", type=float, default=1.0)

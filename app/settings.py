@@ -43,6 +43,9 @@ class Settings(BaseSettings):
     # to outboxq.workers.processes.MAX_AUTO_PROCESSES (each process holds about five connections).
     worker_processes: str = Field(default="auto", pattern=r"^(auto|[1-9][0-9]{0,3})$")
     shutdown_timeout: float = 30.0
+    # A worker not seen for this long has left the live workers' list (GET /v1/workers, `outboxq workers`);
+    # each worker announces itself six times within it.
+    worker_lapse_s: float = Field(default=30.0, ge=1.0, le=86400.0)
     # sys.setswitchinterval for worker processes (0: leave the interpreter's 5 ms default).
     worker_switch_interval_s: float = 0.001
 

@@ -1,10 +1,15 @@
 """The heartbeat: renews the leases of running jobs, logs stuck handlers' stacks, and gives up on attempts past
-their timeout or cancelled while running. It has its own thread and connection and does nothing else, so no
-other work (a claim, a completion, maintenance) can hold a lease renewal back."""
+their timeout or cancelled while running; every few seconds it also announces the worker in the live workers'
+registry (one small upsert). It has its own thread and connection and does nothing else, so no other work (a
+claim, a completion, maintenance) can hold a lease renewal back."""
 
 from __future__ import annotations
 
+import importlib.metadata
+import json
 import logging
+import os
+import socket
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -18,6 +23,28 @@ from outboxq.workers.executor import ClaimedJob, Outcome
 from outboxq.workers.state import WorkerState
 
 log = logging.getLogger("outboxq.worker")
+
+VERSION = importlib.metadata.version("outboxq")
+
+
+def announce(conn: DictConnection, s: WorkerState) -> None:
+    """Write (or refresh) this worker's row of the live workers' registry: its queues, limits, jobs in flight."""
+    queues = [{"queue": c.queue, "global_concurrency": c.global_concurrency, "rate_limit": c.rate_limit,
+               "per_key": c.limit_by is not None} for c in s.consumers.values()]
+    host, pid = socket.gethostname(), os.getpid()
+    conn.execute(sql.worker_announce, {"id": s.worker_id, "host": host, "pid": pid, "version": VERSION,
+                                       "queues": json.dumps(queues), "concurrency": s.concurrency,
+                                       "in_flight": s.held()})
+    conn.commit()
+
+
+def _forget(conn: DictConnection, s: WorkerState) -> None:
+    """A worker that stops leaves the registry at once (one that is killed lapses)."""
+    try:
+        conn.execute(sql.worker_forget, {"id": s.worker_id})
+        conn.commit()
+    except psycopg.Error as exc:
+        log.warning("could not leave the workers' registry (%s); the entry lapses", exc)
 
 
 class Heartbeat:
@@ -34,7 +61,7 @@ class Heartbeat:
         min_lease = min(c.effective_lease_s(s.settings) for c in s.consumers.values())
         heartbeat_every = max(0.05, min_lease / 3)
         tick = max(0.05, min(0.5, heartbeat_every))
-        last_heartbeat = 0.0
+        last_heartbeat = last_announced = 0.0
         while not s.finished.is_set():
             now = time.monotonic()
             try:
@@ -43,6 +70,10 @@ class Heartbeat:
                 if now - last_heartbeat >= heartbeat_every:
                     self.renew(conn)
                     last_heartbeat = now
+                # six announcements within the lapse after which the worker counts as gone (settings.worker_lapse_s)
+                if now - last_announced >= s.settings.worker_lapse_s / 6:
+                    announce(conn, s)
+                    last_announced = now
                 self._check_stuck(now)
             except psycopg.Error as exc:
                 log.warning("heartbeat: database error (%s); reconnecting", exc)
@@ -57,6 +88,7 @@ class Heartbeat:
                 s.heartbeat_now.clear()
                 last_heartbeat = 0.0
         if conn is not None:
+            _forget(conn, s)
             conn.close()
 
     def renew(self, conn: DictConnection) -> None:

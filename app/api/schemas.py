@@ -501,3 +501,23 @@ class WorkflowRetried(BaseModel):
 
     retried: int
     waiting: int
+
+
+class WorkerPublic(BaseModel):
+    """A live worker process: what it runs and when it was last seen."""
+
+    id: str
+    host: str
+    pid: int
+    version: str
+    queues: list[dict[str, Any]] = Field(description="{queue, global_concurrency, rate_limit, per_key} each")
+    concurrency: int = Field(description="Its handler threads")
+    in_flight: int = Field(description="Jobs it holds (claimed and not yet written back)")
+    started_at: str
+    last_seen_at: str
+
+
+class WorkerList(BaseModel):
+    """The worker processes seen within worker_lapse_s (30 s by default): a killed one lapses out of the list."""
+
+    items: list[WorkerPublic]

@@ -14,6 +14,7 @@ from outboxq.errors import InvalidInput, InvalidTransition, JobNotFound
 from outboxq.queue import sql
 from outboxq.queue.enqueue import get_job, psycopg_connection, validate_queue_name
 from outboxq.queue.jobs import Job, JobStatus
+from outboxq.settings import get_settings
 
 
 def _rows(conn: Any, statement: str, params: dict[str, Any]) -> list[dict[str, Any]]:
@@ -206,3 +207,11 @@ def job_dependencies(conn: Any, job_id: int) -> dict[str, list[dict[str, Any]]]:
     for r in _rows(conn, sql.job_dependencies_of, {"id": job_id}):
         out[r.pop("direction")].append(r)
     return out
+
+
+def live_workers(conn: Any, limit: int = 1000, lapse_s: float | None = None) -> list[dict[str, Any]]:
+    """The worker processes seen within `lapse_s` (settings.worker_lapse_s unless given; each announces itself
+    from its heartbeat): id, host, pid, version, queues (with their limits), concurrency, jobs in flight, started
+    and last seen."""
+    lapse_s = get_settings().worker_lapse_s if lapse_s is None else lapse_s
+    return _rows(conn, sql.worker_list_live, {"lapse_s": lapse_s, "limit": limit})

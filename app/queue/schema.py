@@ -194,6 +194,24 @@ job_dependencies = Table(
 )
 Index("outboxq_job_dependencies_depends_on_idx", job_dependencies.c.depends_on_id)
 
+# The live workers: each worker process announces itself at start and every few seconds from its heartbeat
+# (outboxq.workers.heartbeat), and forgets itself when it stops; one killed outright lapses (its last_seen_at
+# grows old) and leaves the listing, and maintenance deletes it a day later.
+workers = Table(
+    "outboxq_workers",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("host", Text, nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("version", Text, nullable=False),
+    Column("queues", JSONB, nullable=False),
+    Column("concurrency", Integer, nullable=False),
+    Column("in_flight", Integer, nullable=False, server_default=text("0")),
+    Column("started_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("last_seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+Index("outboxq_workers_last_seen_at_idx", workers.c.last_seen_at)
+
 # A sequence's newest job (enqueue(sequence=...)): the next job of the sequence comes after it. Enqueuers of one
 # sequence take turns on its row (an upsert), so that each sees the one before.
 sequences = Table(

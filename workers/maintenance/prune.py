@@ -31,6 +31,7 @@ def run_once(conn: Any, *, now: datetime | None = None, limit: int = BATCH_LIMIT
                     {"before": now - timedelta(seconds=settings.idempotency_ttl_s)})
         cur.execute(sql.workflow_prune_empty, params)
         cur.execute(sql.sequence_prune_finished, params)
+        cur.execute(sql.worker_prune_lapsed, {"before": now - timedelta(days=1)})
     conn.commit()
     total = batches = 0
     while True:

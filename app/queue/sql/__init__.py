@@ -3,7 +3,8 @@ else in outboxq's product code writes SQL.
 
 - jobs: outboxq_jobs and its dependency and history tables (enqueue, claim, complete, fail, operators' actions);
 - queues, maintenance (rescue, promote, prune), stats (stats routes and /metrics), idempotency, secrets,
-  schema_version, leader (maintenance leadership), workflows: re-exported here, so `sql.job_claim_batch` names them all;
+  schema_version, leader (maintenance leadership), workflows, workers (the live workers' registry):
+  re-exported here, so `sql.job_claim_batch` names them all;
 - limits (flow control), schedules (periodic jobs), spark (Spark consumers), roles (`create-role`'s roles: their
   creation and grants, and what they may do through PUBLIC) and schema_ddl (the DDL that migrations share):
   imported as modules.
@@ -25,6 +26,7 @@ from outboxq.queue.sql.queues import *  # noqa: F403
 from outboxq.queue.sql.schema_version import *  # noqa: F403
 from outboxq.queue.sql.secrets import *  # noqa: F403
 from outboxq.queue.sql.stats import *  # noqa: F403
+from outboxq.queue.sql.workers import *  # noqa: F403
 from outboxq.queue.sql.workflows import *  # noqa: F403
 
 # outboxq's table names, longest first so that outboxq_jobs never matches inside outboxq_jobs_x; not after a
