@@ -78,6 +78,13 @@ class JobNotFound(OutboxqError, LookupError):
         super().__init__(f"no job has id {job_id}")
 
 
+class InvalidFilter(InvalidInput):
+    """A search or bulk filter that cannot be applied: a payload that is not a JSON object, or a filter that
+    matches every job given without "all" (a bulk action over everything must say so)."""
+
+    code = "invalid_filter"
+
+
 class InvalidWorkflow(InvalidInput):
     """A workflow's steps do not make a DAG: a repeated or unknown step name, a step after itself, a cycle."""
 

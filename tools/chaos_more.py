@@ -26,6 +26,12 @@ connections, a PostgreSQL restart, a worker frozen past its lease) and adds its 
   one is SIGKILLed (its process group: driver and JVM) while it holds an undelivered batch, the other's
   connections are cut meanwhile. Checked: every job done, each job's row delivered exactly once with its exact
   value, per-customer sums exact, every snapshot delivered.
+- workflows: diamond workflows (fetch -> left, right -> join, each step on a queue of its own) and sequences of
+  jobs (enqueue(sequence=...), each job in its own committed transaction, interleaved across sequences) trickled
+  in under kills, cuts, restarts and zombies (tools/chaos_workflow_handlers.py). Checked: every workflow done,
+  every step's effect and every sequence job's run written exactly once; each step after the steps before it,
+  the join having seen both parents' results (their sum exact); each sequence's runs in enqueue order, none
+  starting before the one before it ended.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ from typing import Any
 import psycopg
 from psycopg import sql as pgsql
 
-from outboxq import enqueue_many
+from outboxq import Workflow, enqueue, enqueue_many, get_workflow
 from tools.chaos import ROOT, WORKER_APP_NAME, ChaosConfig, Scenario
 from tools.chaos_handlers import CHAOS_LEASE_S
 
@@ -69,6 +75,10 @@ class MoreConfig:
     poison_jobs: int = 2000  # poison: jobs trickled over duration_s, one in POISON_EVERY poisoned
     spark_jobs: int = 600
     spark_batch_size: int = 20
+    workflows: int = 60  # workflows: diamonds (4 steps each) trickled over workflow_duration_s
+    sequences: int = 4  # workflows: sequences, of sequence_jobs jobs each, trickled alongside
+    sequence_jobs: int = 15
+    workflow_duration_s: float = 20.0
     fault_interval_s: float = 2.0
     outage_s: float = 5.0
     timeout_s: float = 300.0
@@ -88,6 +98,7 @@ class ScenarioResult:
     not_finished: int = 0
     gaps: int | str = "-"  # periodic: slots missing that their policy does not allow
     limit_exceeded: int | str = "-"  # limits: groups (queue or queue/key) that ever ran above their limit
+    order_violations: int | str = "-"  # workflows: steps or sequence jobs that ran out of their order
     elapsed_s: float = 0.0
     details: list[tuple[str, Any]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -99,7 +110,8 @@ class ScenarioResult:
     def to_dict(self) -> dict[str, Any]:
         return {"scenario": self.scenario, "faults": dict(self.faults), "jobs": self.jobs, "lost": self.lost,
                 "duplicated": self.duplicated, "not_finished": self.not_finished, "gaps": self.gaps,
-                "limit_exceeded": self.limit_exceeded, "elapsed_s": self.elapsed_s,
+                "limit_exceeded": self.limit_exceeded, "order_violations": self.order_violations,
+                "elapsed_s": self.elapsed_s,
                 "details": {k: v for k, v in self.details}, "problems": self.problems, "ok": self.ok}
 
 
@@ -894,7 +906,7 @@ def _line_total(payload: dict) -> float:
 
 
 SCENARIOS = {"periodic": PeriodicScenario, "limits": LimitsScenario, "poison": PoisonScenario,
-             "spark": SparkScenario}
+             "spark": SparkScenario, "workflows": WorkflowsScenario}
 
 
 def run_more(name: str, config: MoreConfig, out=sys.stdout) -> ScenarioResult:
@@ -924,7 +936,7 @@ def run_more(name: str, config: MoreConfig, out=sys.stdout) -> ScenarioResult:
 
 
 TABLE_HEADER = ("scenario", "faults injected", "jobs", "lost", "duplicated", "not finished", "slot gaps",
-                "limit exceeded", "verdict")
+                "limit exceeded", "order violations", "verdict")
 
 
 def row_of_default(report: Any) -> ScenarioResult:
@@ -949,6 +961,7 @@ def format_results(results: list[ScenarioResult]) -> str:
     lines.append("|" + "|".join(" --- " for _ in TABLE_HEADER) + "|")
     for r in results:
         cells = (r.scenario, ", ".join(f"{k} {v}" for k, v in sorted(r.faults.items())) or "none", r.jobs, r.lost,
-                 r.duplicated, r.not_finished, r.gaps, r.limit_exceeded, "OK" if r.ok else "FAILED")
+                 r.duplicated, r.not_finished, r.gaps, r.limit_exceeded, r.order_violations,
+                 "OK" if r.ok else "FAILED")
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines)

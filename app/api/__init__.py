@@ -16,7 +16,19 @@ from psycopg_pool import ConnectionPool
 from outboxq.api import errors
 from outboxq.api.auth import FailedAuthLimiter, parse_tokens
 from outboxq.api.responses import install_docs_headers
-from outboxq.api.routes import admin, health, jobs, limits, metrics, queues, spark, stats, workers, workflows
+from outboxq.api.routes import (
+    admin,
+    health,
+    jobs,
+    limits,
+    metrics,
+    queues,
+    search,
+    spark,
+    stats,
+    workers,
+    workflows,
+)
 from outboxq.api.routing import ApiState
 from outboxq.db import check_pooled_connection, database_url, pooled_connection_returned
 from outboxq.queue.admin import HealthMonitor
@@ -66,7 +78,7 @@ def create_router(settings: Settings | None = None) -> APIRouter:
             pool.close()
 
     router = APIRouter(lifespan=lifespan)
-    for module in (jobs, queues, limits, admin, stats, health, metrics, spark, workflows, workers):
+    for module in (search, jobs, queues, limits, admin, stats, health, metrics, spark, workflows, workers):
         router.include_router(module.router)
     return router
 

@@ -521,3 +521,47 @@ class WorkerList(BaseModel):
     """The worker processes seen within worker_lapse_s (30 s by default): a killed one lapses out of the list."""
 
     items: list[WorkerPublic]
+
+
+class JobFilterBody(RequestModel):
+    """Which jobs (every field optional, as GET /v1/jobs takes them)."""
+
+    queue: str | None = Field(None, pattern=QUEUE_PATTERN)
+    status: list[Literal["waiting", "queued", "running", "retrying", "done", "dead", "cancelled"]] = Field(
+        default_factory=list, max_length=7)
+    key: str | None = Field(None, min_length=1, max_length=255, pattern=KEY_PATTERN, description="A key prefix")
+    payload: dict[str, Any] | None = Field(None, description="A JSON object the payloads contain")
+    error: str | None = Field(None, min_length=1, max_length=255, pattern=KEY_PATTERN,
+                              description="Text in the last error, any case")
+    since: AwareDatetime | None = None
+    until: AwareDatetime | None = None
+
+
+class BulkByIds(RequestModel):
+    """The jobs to act on, by id."""
+
+    # (bounded where a JSON number is still an exact integer: job ids are far below it)
+    ids: list[Annotated[int, Field(ge=1, le=2**53 - 1), _A_JSON_NUMBER]] = Field(min_length=1, max_length=10_000)
+
+
+class BulkByFilter(RequestModel):
+    """Every job matching `filter` (a filter that matches every job needs `"all": true`)."""
+
+    filter: JobFilterBody
+    all: bool = False
+
+
+BulkAction = BulkByIds | BulkByFilter
+
+
+class BulkCount(BaseModel):
+    """How many jobs the action changed (a filter's action changes at most 10,000 a call: call again)."""
+
+    count: int
+
+
+class JobSearchPage(BaseModel):
+    """Jobs newest first, without their results; next_marker continues (null: the last page)."""
+
+    items: list[JobPublic]
+    next_marker: str | None = None

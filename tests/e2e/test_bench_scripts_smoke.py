@@ -59,3 +59,8 @@ def test_workflow_cost_runs(pg_server_url):
     out = _run("workflow_cost.py", pg_server_url, "2000")
     assert "hand-off: a diamond" in out and "sequences: 2,000 jobs" in out
     assert "outboxq_jobs_workflow_step_idx" in out and "Execution Time" in out
+
+
+def test_operations_latency_runs(pg_server_url):
+    out = _run("operations_latency.py", pg_server_url, "3000")
+    assert "beside 3,000 finished jobs" in out and "search, matches nothing" in out and "live workers" in out

@@ -7,8 +7,9 @@ Rejections that depend on the server's state or configuration, which no schema c
 an unknown listing marker (400 invalid_marker), dependencies on jobs that do not exist (422
 unknown_dependency), an Idempotency-Key reused with another body (409), a Spark processor name the operator
 did not register (422), a workflow whose steps make no DAG (422 invalid_workflow: a graph's rules are beyond
-JSON Schema), and a NUL character or a lone surrogate in a payload (422: JSON allows them,
-PostgreSQL's text and jsonb cannot hold them).
+JSON Schema), a search's payload that is no JSON object or a bulk filter matching every job without "all"
+(422 invalid_filter: JSON inside a query parameter, and a rule across fields), and a NUL character or a lone
+surrogate in a payload (422: JSON allows them, PostgreSQL's text and jsonb cannot hold them).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def _answers(httpx, url: str) -> bool:
 
 
 STATE_DEPENDENT = {(400, "invalid_marker"), (422, "unknown_dependency"), (409, "idempotency_key_reused"),
-                   (422, "invalid_workflow")}
+                   (422, "invalid_workflow"), (422, "invalid_filter")}
 EXAMPLES_PER_OPERATION_AND_MODE = 20
 
 

@@ -269,3 +269,23 @@ def test_a_workflows_detail_and_the_workflow_listing_read_its_steps_through_the_
         assert ("Index Scan", "outboxq_jobs_workflow_step_idx") in scans_of_jobs(plan) or \
             ("Bitmap Index Scan", "outboxq_jobs_workflow_step_idx") in [
                 (n["Node Type"], n.get("Index Name")) for n in plan_nodes(plan)], json.dumps(plan, indent=1)[:3000]
+
+
+@pytest.mark.parametrize("params", [
+    {"statuses": ["running"], "queue": "emails"},
+    {"payload": '{"customer": "nobody"}'},
+    {"error": "never", "key_prefix": "order-"},
+])
+def test_the_operators_search_walks_a_bounded_window_of_the_newest_jobs(history, params):
+    """Beside 200,000 finished jobs, a search reads an index: the one for its status or key, or the primary key
+    backwards from the newest job down to the window's floor; never the whole table, whatever its filter."""
+    base = {"queue": None, "statuses": None, "key_prefix": None, "payload": None, "error": None, "since": None,
+            "until": None, "before": None, "floor": HISTORY - 100_000, "limit": 50}
+    plan = plan_of(history, sql.job_search, {**base, **params})
+    assert_no_seq_scan(plan)
+    scans = [n for n in plan_nodes(plan) if n.get("Relation Name") == "outboxq_jobs"]
+    # (a status or key filter may take the index made for it; a content search walks the window by id)
+    assert scans and all(n["Node Type"] in ("Index Scan", "Bitmap Heap Scan") for n in scans), \
+        json.dumps(plan, indent=1)[:3000]
+    if "payload" in params:
+        assert scans[0].get("Index Name") == "outboxq_jobs_pkey" and "id >" in scans[0]["Index Cond"], scans[0]

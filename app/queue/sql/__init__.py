@@ -3,7 +3,7 @@ else in outboxq's product code writes SQL.
 
 - jobs: outboxq_jobs and its dependency and history tables (enqueue, claim, complete, fail, operators' actions);
 - queues, maintenance (rescue, promote, prune), stats (stats routes and /metrics), idempotency, secrets,
-  schema_version, leader (maintenance leadership), workflows, workers (the live workers' registry):
+  schema_version, leader (maintenance leadership), workflows, workers (the live workers' registry), search:
   re-exported here, so `sql.job_claim_batch` names them all;
 - limits (flow control), schedules (periodic jobs), spark (Spark consumers), roles (`create-role`'s roles: their
   creation and grants, and what they may do through PUBLIC) and schema_ddl (the DDL that migrations share):
@@ -24,6 +24,7 @@ from outboxq.queue.sql.leader import *  # noqa: F403
 from outboxq.queue.sql.maintenance import *  # noqa: F403
 from outboxq.queue.sql.queues import *  # noqa: F403
 from outboxq.queue.sql.schema_version import *  # noqa: F403
+from outboxq.queue.sql.search import *  # noqa: F403
 from outboxq.queue.sql.secrets import *  # noqa: F403
 from outboxq.queue.sql.stats import *  # noqa: F403
 from outboxq.queue.sql.workers import *  # noqa: F403

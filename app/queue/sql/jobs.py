@@ -14,6 +14,8 @@ _COLUMNS_BEFORE_RESULT = (
 )
 _COLUMNS_AFTER_RESULT = "progress, progress_message, workflow_id, step, sequence"
 JOB_COLUMNS = f"{_COLUMNS_BEFORE_RESULT}, result, {_COLUMNS_AFTER_RESULT}"
+# The same without the result (a listing's: results may be large).
+JOB_COLUMNS_NO_RESULT = f"{_COLUMNS_BEFORE_RESULT}, NULL::jsonb AS result, {_COLUMNS_AFTER_RESULT}"
 
 # A job written ready to run wakes the workers of its queue: a notification sent at COMMIT (none on rollback;
 # PostgreSQL folds a transaction's repeats), in the statement that writes the job. The AFTER INSERT trigger that
@@ -153,6 +155,14 @@ RELEASE_SET = """SET status = CASE WHEN j.attempts > 1 THEN 'retrying' ELSE 'que
 
 # What an operator's retry sets: the job runs again now; a job out of attempts gets exactly one more, so
 # attempts never exceed max_attempts (one job's retry, or every failed job of a queue).
+# What an operator's cancel sets: a running job is only asked to stop (the notification, CANCEL_NOTICE, wakes
+# every worker's heartbeat, and the one holding the job stops its handler at once); the others end cancelled.
+CANCEL_SET = """SET status = CASE WHEN status = 'running' THEN status ELSE 'cancelled' END,
+        finished_at = CASE WHEN status = 'running' THEN finished_at ELSE now() END,
+        cancel_requested = true"""
+CANCELLABLE = "('queued', 'waiting', 'retrying', 'running', 'dead')"
+RETRIABLE = "('retrying', 'dead', 'cancelled')"
+
 RETRY_SET = """SET status = 'queued', run_at = now(), finished_at = NULL, cancel_requested = false,
         max_attempts = CASE WHEN max_attempts <> 0 AND attempts >= max_attempts THEN attempts + 1
                             ELSE max_attempts END"""
@@ -464,7 +474,7 @@ job_retry_now = f"""
 WITH retried AS (
     UPDATE outboxq_jobs
     {RETRY_SET}
-    WHERE id = %(id)s AND status IN ('retrying', 'dead', 'cancelled')
+    WHERE id = %(id)s AND status IN {RETRIABLE}
     RETURNING id, queue
 )
 SELECT id, pg_notify('{NOTIFY_CHANNEL}', queue) FROM retried
@@ -477,15 +487,11 @@ WHERE id = %(id)s AND status = 'done'
 RETURNING id
 """
 
-# A running job is only asked to stop: the notification wakes every worker's heartbeat, and the one holding
-# the job stops its handler at once.
 job_cancel = f"""
 WITH cancelled AS (
     UPDATE outboxq_jobs
-    SET status = CASE WHEN status = 'running' THEN status ELSE 'cancelled' END,
-        finished_at = CASE WHEN status = 'running' THEN finished_at ELSE now() END,
-        cancel_requested = true
-    WHERE id = %(id)s AND status IN ('queued', 'waiting', 'retrying', 'running', 'dead')
+    {CANCEL_SET}
+    WHERE id = %(id)s AND status IN {CANCELLABLE}
     RETURNING id, status
 ),
 notified AS (SELECT pg_notify('{NOTIFY_CHANNEL}', '{CANCEL_NOTICE}') FROM cancelled WHERE status = 'running')

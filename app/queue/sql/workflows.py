@@ -4,7 +4,7 @@ list recent ones, cancel and retry it, and what a step's handler learns of its p
 from __future__ import annotations
 
 from outboxq.queue.schema import CANCEL_NOTICE, NOTIFY_CHANNEL
-from outboxq.queue.sql.jobs import RETRY_SET
+from outboxq.queue.sql.jobs import CANCEL_SET, RETRY_SET
 
 # A whole workflow in ONE statement, so that it is all-or-nothing even on an autocommit connection: the
 # workflow's row, every step (in the order given: those with nothing before them queued, the others waiting),
@@ -82,9 +82,7 @@ UPDATE outboxq_workflows SET cancelled_at = coalesce(cancelled_at, now()) WHERE 
 workflow_cancel_steps = f"""
 WITH cancelled AS (
     UPDATE outboxq_jobs
-    SET status = CASE WHEN status = 'running' THEN status ELSE 'cancelled' END,
-        finished_at = CASE WHEN status = 'running' THEN finished_at ELSE now() END,
-        cancel_requested = true
+    {CANCEL_SET}
     WHERE workflow_id = %(id)s AND status IN ('queued', 'waiting', 'retrying', 'running')
     RETURNING id, status
 ),
