@@ -91,6 +91,12 @@ class InvalidWorkflow(InvalidInput):
     code = "invalid_workflow"
 
 
+class ScheduleNotFound(OutboxqError, LookupError):
+    """No schedule has that name (a worker writes the schedules its modules define when it starts)."""
+
+    code = "schedule_not_found"
+
+
 class WorkflowNotFound(OutboxqError, LookupError):
     """No workflow has that id."""
 

@@ -479,7 +479,7 @@ def format_report(report: ChaosReport) -> str:
     return "\n".join(lines)
 
 
-SCENARIO_CHOICES = ("jobs", "periodic", "limits", "poison", "spark", "all")
+SCENARIO_CHOICES = ("jobs", "periodic", "limits", "poison", "spark", "workflows", "all")
 
 
 def cmd_chaos(args: argparse.Namespace) -> int:
@@ -496,7 +496,7 @@ def cmd_chaos(args: argparse.Namespace) -> int:
 
 
 def _cmd_more(args: argparse.Namespace) -> int:
-    """--scenario periodic|limits|poison|spark|all: the added scenarios (tools/chaos_more.py), a row each."""
+    """--scenario periodic|limits|poison|spark|workflows|all: the added scenarios (tools/chaos_more.py), a row each."""
     from tools.chaos_more import MoreConfig, format_results, row_of_default, run_more
 
     out = sys.stderr if args.json else sys.stdout
@@ -509,10 +509,13 @@ def _cmd_more(args: argparse.Namespace) -> int:
         print(format_report(report), file=out)
         results.append(row_of_default(report))
     config = MoreConfig(workers=args.workers, duration_s=args.duration, limit_jobs=args.limit_jobs,
-                        poison_jobs=args.poison_jobs, spark_jobs=args.spark_jobs,
+                        poison_jobs=args.poison_jobs, spark_jobs=args.spark_jobs, workflows=args.workflows,
+                        sequences=args.sequences, sequence_jobs=args.sequence_jobs,
+                        workflow_duration_s=args.workflow_duration,
                         fault_interval_s=args.fault_interval, timeout_s=args.timeout, seed=args.seed,
                         database_url=args.database_url)
-    for name in ("periodic", "limits", "poison", "spark") if args.scenario == "all" else (args.scenario,):
+    every = ("periodic", "limits", "poison", "spark", "workflows")
+    for name in every if args.scenario == "all" else (args.scenario,):
         results.append(run_more(name, config, out=out))
     print(json.dumps([r.to_dict() for r in results], indent=2, default=str) if args.json
           else format_results(results))
@@ -525,7 +528,7 @@ def register(sub: Any) -> None:
     p.add_argument("--scenario", choices=SCENARIO_CHOICES, default="jobs",
                    help="jobs (the default: plain jobs), periodic (schedules), limits (concurrency limits), "
                    "poison (handlers returning and raising hostile values), spark (two drivers, one killed), "
-                   "or all of them")
+                   "workflows (diamond workflows and sequences), or all of them")
     p.add_argument("--jobs", type=int, default=20_000)
     p.add_argument("--duration", type=float, default=60.0,
                    help="periodic, limits and poison: seconds of faults")
@@ -533,6 +536,11 @@ def register(sub: Any) -> None:
     p.add_argument("--poison-jobs", type=int, default=2000,
                    help="poison: jobs enqueued over --duration, one in ten poisoned")
     p.add_argument("--spark-jobs", type=int, default=600, help="spark: jobs for the two drivers")
+    p.add_argument("--workflows", type=int, default=60,
+                   help="workflows: diamond workflows (4 steps each) enqueued over --workflow-duration")
+    p.add_argument("--sequences", type=int, default=4, help="workflows: sequences enqueued alongside")
+    p.add_argument("--sequence-jobs", type=int, default=15, help="workflows: jobs per sequence")
+    p.add_argument("--workflow-duration", type=float, default=20.0, help="workflows: seconds of faults")
     p.add_argument("--workers", type=int, default=3)
     p.add_argument("--http-fraction", type=float, default=0.1)
     p.add_argument("--fault-interval", type=float, default=2.0)

@@ -905,6 +905,249 @@ def _line_total(payload: dict) -> float:
     return float(payload["amount"]) * int(payload["quantity"])
 
 
+# ----------------------------------------------------------------------------------------- workflows
+
+
+class WorkflowsScenario(_WorkerScenario):
+    """Diamond workflows and sequences under faults: every step and sequence job once, each in its order."""
+
+    name = "workflows"
+    handlers = "tools.chaos_workflow_handlers"
+    fault_kinds = ("kill", "terminate", "pg_restart", "zombie")
+
+    def __init__(self, config: MoreConfig, out=sys.stdout):
+        super().__init__(config, out=out)
+        self.workflow_ids: dict[str, int] = {}  # name -> id, of each committed workflow
+        self.workflow_bases: dict[str, int] = {}  # name -> the value its fetch step starts from
+        self.sequence_tags: dict[str, tuple[str, int]] = {}  # tag -> (sequence, n), of each committed job
+        self.cut_commits: Counter = Counter()  # "landed" / "not landed": enqueues whose commit was cut
+        self.order_examples: list[str] = []
+
+    def ddl(self) -> list[str]:
+        # (imported here, not at the top: the workflow consumers register only where this scenario runs)
+        from tools.chaos_workflow_handlers import EFFECTS_DDL, SEQ_RUNS_DDL
+
+        return [EFFECTS_DDL, SEQ_RUNS_DDL, f'GRANT INSERT ON chaos_wf_effects, chaos_seq_runs TO "{self.app_role}"']
+
+    # -- load: each workflow and each sequence job in a transaction of its own, trickled over the fault period
+    def _items(self) -> list[tuple]:
+        """What the producer enqueues, in order: ("seq", sequence, n) round robin across the sequences (n by n),
+        and ("wf", index) spread evenly among them."""
+        m = self.more
+        jobs = [(n * m.sequences + i, ("seq", f"seq-{i}", n)) for n in range(m.sequence_jobs) for i in range(m.sequences)]
+        workflows = [(j * max(1, len(jobs)) / max(1, m.workflows), ("wf", j)) for j in range(m.workflows)]
+        return [item for _, item in sorted(jobs + workflows, key=lambda e: e[0])]
+
+    def _name_of(self, item: tuple) -> str:
+        return f"chaos-wf-{self.run}-{item[1]}" if item[0] == "wf" else f"{self.run}-{item[1]}-{item[2]}"
+
+    def _write(self, conn: psycopg.Connection, item: tuple) -> int:
+        """Enqueue one item in its own transaction and commit it; its workflow's or job's id."""
+        from tools.chaos_workflow_handlers import SEQ_QUEUE, STEP_QUEUES
+
+        work_ms = 200 if self.rng.random() < 0.05 else self.rng.randint(20, 60)  # some hold a job longer
+        if item[0] == "wf":
+            wf = Workflow(self._name_of(item))
+            fetch = wf.step("fetch", queue=STEP_QUEUES["fetch"], payload={"base": item[1] + 1, "work_ms": work_ms})
+            left = wf.step("left", queue=STEP_QUEUES["left"], payload={"work_ms": work_ms}, after=[fetch])
+            right = wf.step("right", queue=STEP_QUEUES["right"], payload={"work_ms": work_ms}, after=[fetch])
+            wf.step("join", queue=STEP_QUEUES["join"], payload={"work_ms": work_ms}, after=[left, right])
+            made = wf.enqueue(conn)
+        else:
+            payload = {"tag": self._name_of(item), "sequence": item[1], "n": item[2], "work_ms": work_ms}
+            made = enqueue(conn, SEQ_QUEUE, payload, sequence=item[1]).id
+        conn.commit()
+        return made
+
+    def _landed(self, conn: psycopg.Connection, item: tuple) -> int | None:
+        """The id of an item whose commit was cut, if it committed after all (read on a new connection)."""
+        from tools.chaos_workflow_handlers import SEQ_QUEUE
+
+        if item[0] == "wf":
+            row = conn.execute("SELECT id FROM outboxq_workflows WHERE name = %s", (self._name_of(item),)).fetchone()
+        else:
+            row = conn.execute("SELECT id FROM outboxq_jobs WHERE queue = %s AND payload->>'tag' = %s",
+                               (SEQ_QUEUE, self._name_of(item))).fetchone()
+        conn.rollback()
+        self.cut_commits["landed" if row else "not landed"] += 1
+        return row[0] if row else None
+
+    def _enqueue_durably(self, conn: psycopg.Connection | None, item: tuple) -> psycopg.Connection:
+        """Enqueue one item until it is committed. Where a commit was cut, whether it landed is read back first:
+        enqueued again, a sequence's job would come after the ones enqueued meanwhile (and a workflow be twice)."""
+        uncertain = False
+        deadline = time.monotonic() + self.config.timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if conn is None or conn.closed:
+                    conn = psycopg.connect(self.app_url)
+                made = self._landed(conn, item) if uncertain else None
+                made = made if made is not None else self._write(conn, item)
+            except psycopg.OperationalError:  # the server restarted: try again once it is back
+                uncertain = True
+                if conn is not None:
+                    conn.close()
+                conn = None
+                time.sleep(0.2)
+                continue
+            with self._lock:
+                if item[0] == "wf":
+                    self.workflow_ids[self._name_of(item)] = made
+                    self.workflow_bases[self._name_of(item)] = item[1] + 1
+                else:
+                    self.sequence_tags[self._name_of(item)] = (item[1], item[2])
+            return conn
+        raise RuntimeError(f"{item} could not be enqueued within {self.config.timeout_s} s")
+
+    def _produce(self) -> None:
+        items = self._items()
+        step_s = 0.2
+        per_step = max(1, -(-len(items) // max(1, int(self.more.workflow_duration_s * 0.75 / step_s))))
+        conn: psycopg.Connection | None = None
+        try:
+            for start in range(0, len(items), per_step):
+                for item in items[start:start + per_step]:
+                    conn = self._enqueue_durably(conn, item)
+                time.sleep(step_s)  # (a trickle: the pace of the load, not a wait)
+        except Exception as exc:  # the scenario goes on and fails with what happened
+            self.result.problems.append(f"producer stopped: {exc!r}")
+        finally:
+            if conn is not None:
+                conn.close()
+
+    # -- run
+    def execute(self) -> ScenarioResult:
+        started = time.monotonic()
+        self.setup()
+        self.start_workers()
+        faults = self.fault_thread()
+        producer = threading.Thread(target=self._produce)
+        faults.start()
+        producer.start()
+        producer.join()
+        self._stop_faults.wait(max(0.0, self.more.workflow_duration_s - (time.monotonic() - started)))
+        self._stop_faults.set()
+        faults.join()
+        self._wait_all_ended()
+        self._stop_processes()
+        self.finish(started)
+        self._check()
+        return self.result
+
+    def _wait_all_ended(self) -> None:
+        """Until every job that was committed exists and is done, dead or cancelled (or the timeout)."""
+        expected = 4 * len(self.workflow_ids) + len(self.sequence_tags)
+        deadline = time.monotonic() + self.config.timeout_s
+        while time.monotonic() < deadline:
+            try:
+                with psycopg.connect(self.url) as conn:
+                    total, unended = conn.execute(
+                        "SELECT count(*), count(*) FILTER (WHERE status NOT IN ('done', 'dead', 'cancelled')) "
+                        "FROM outboxq_jobs").fetchone()
+                if total >= expected and not unended:
+                    return
+            except psycopg.OperationalError:
+                pass  # the server is restarting
+            time.sleep(0.5)
+
+    # -- check
+    def _check(self) -> None:
+        from tools.chaos_workflow_handlers import SEQ_QUEUE
+
+        r = self.result
+        with psycopg.connect(self.url) as conn:
+            jobs = conn.execute("SELECT id, queue, status, workflow_id, payload->>'tag' FROM outboxq_jobs").fetchall()
+            effects = conn.execute("SELECT job_id, step, parents, value, at FROM chaos_wf_effects").fetchall()
+            runs = conn.execute("SELECT job_id, sequence, n, started_at, ended_at FROM chaos_seq_runs").fetchall()
+            workflows = {name: get_workflow(conn, wf_id) for name, wf_id in self.workflow_ids.items()}
+        r.jobs = 4 * len(self.workflow_ids) + len(self.sequence_tags)
+        r.lost = r.duplicated = r.not_finished = r.order_violations = 0
+        self._check_workflows(workflows, effects)
+        self._check_sequences([j for j in jobs if j[1] == SEQ_QUEUE], runs)
+        known = set(self.workflow_ids.values())
+        strangers = sum(1 for j in jobs if j[3] not in known if j[3] is not None or j[4] not in self.sequence_tags)
+        if strangers:
+            r.problems.append(f"{strangers} jobs exist that no producer committed")
+        r.details += [("enqueues whose commit was cut: landed / not landed",
+                       f"{self.cut_commits['landed']} / {self.cut_commits['not landed']}"),
+                      ("fenced (zombie) writes refused", self.report.zombie_writes_refused)]
+        if self.order_examples:
+            r.details.append(("order violations (first 5)", "; ".join(self.order_examples[:5])))
+        for name in ("lost", "duplicated", "not_finished", "order_violations"):
+            if getattr(r, name):
+                r.problems.append(f"{name}: {getattr(r, name)}")
+
+    def _check_workflows(self, workflows: dict[str, Any], effects: list[tuple]) -> None:
+        """Every workflow done, each step's effect once, each step after those before it with their values."""
+        r = self.result
+        by_job: dict[int, list[tuple]] = defaultdict(list)
+        for effect in effects:
+            by_job[effect[0]].append(effect)
+        results_missing = 0
+        for name, info in workflows.items():
+            if info is None:
+                r.lost += 4
+                continue
+            r.not_finished += info.status != "done"
+            first: dict[str, tuple] = {}
+            for s in info.steps:
+                rows = by_job.pop(s.job_id, [])
+                r.lost += not rows
+                r.duplicated += max(0, len(rows) - 1)
+                if rows:
+                    first[s.name] = min(rows, key=lambda e: e[4])
+                results_missing += s.status == "done" and not (isinstance(s.result, dict) and s.result.get("value") is not None)
+            r.order_violations += self._diamond_violations(name, first)
+        if by_job:
+            r.problems.append(f"{len(by_job)} effects of jobs that are no committed workflow's steps")
+        done = sum(1 for info in workflows.values() if info is not None and info.status == "done")
+        r.details += [("workflows done / committed", f"{done} / {len(workflows)}"),
+                      ("steps done whose result was not stored", results_missing)]
+
+    def _diamond_violations(self, name: str, first: dict[str, tuple]) -> int:
+        """Steps of one diamond that wrote their effect before a step they come after, or saw a parent's result
+        other than that step's value (a missing result included), or computed a wrong value."""
+        from tools.chaos_workflow_handlers import left_value, right_value
+
+        base = self.workflow_bases[name]
+        expected = {"fetch": base, "left": left_value(base), "right": right_value(base)}
+        expected["join"] = expected["left"] + expected["right"]
+        violations = 0
+        for step, before in (("fetch", ()), ("left", ("fetch",)), ("right", ("fetch",)), ("join", ("left", "right"))):
+            effect = first.get(step)
+            if effect is None:
+                continue
+            seen = {p: (effect[2].get(p) or {}).get("value") for p in before}
+            early = [p for p in before if p not in first or first[p][4] >= effect[4]]
+            if early or seen != {p: expected[p] for p in before} or effect[3] != expected[step]:
+                violations += 1
+                self.order_examples.append(f"{name}/{step}: saw {seen}, wrote {effect[3]} (want {expected[step]})"
+                                           + (f", before {early}" if early else ""))
+        return violations
+
+    def _check_sequences(self, jobs: list[tuple], runs: list[tuple]) -> None:
+        """Each sequence job done with its run once; each sequence's runs in n order, none overlapping."""
+        r = self.result
+        runs_per_job = Counter(run[0] for run in runs)
+        present = {job[4] for job in jobs}
+        r.lost += sum(1 for tag in self.sequence_tags if tag not in present)
+        r.lost += sum(1 for job in jobs if not runs_per_job[job[0]])
+        r.duplicated += sum(n - 1 for n in runs_per_job.values() if n > 1)
+        r.not_finished += sum(1 for job in jobs if job[2] != "done")
+        by_sequence: dict[str, list[tuple]] = defaultdict(list)
+        for run in runs:
+            by_sequence[run[1]].append(run)
+        for sequence, seq_runs in sorted(by_sequence.items()):
+            seq_runs.sort(key=lambda run: (run[3], run[2]))
+            for before, after in zip(seq_runs, seq_runs[1:], strict=False):
+                if after[2] < before[2] or before[4] > after[3]:
+                    r.order_violations += 1
+                    self.order_examples.append(f"{sequence}: n={before[2]} ran {before[3]:%H:%M:%S.%f}–"
+                                               f"{before[4]:%H:%M:%S.%f}, n={after[2]} from {after[3]:%H:%M:%S.%f}")
+        r.details.append(("sequences: runs recorded / jobs committed",
+                          f"{len(runs)} / {len(self.sequence_tags)} in {len(by_sequence)} sequences"))
+
+
 SCENARIOS = {"periodic": PeriodicScenario, "limits": LimitsScenario, "poison": PoisonScenario,
              "spark": SparkScenario, "workflows": WorkflowsScenario}
 

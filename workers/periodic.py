@@ -156,4 +156,4 @@ def stored_schedules(conn: Any) -> list[dict[str, Any]]:
     from outboxq.queue.sql import schedules as periodic_sql
 
     with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(periodic_sql.schedule_list).fetchall()
+        return cur.execute(periodic_sql.schedule_list, {"name": None}).fetchall()

@@ -23,6 +23,7 @@ from outboxq.api.routes import (
     limits,
     metrics,
     queues,
+    schedules,
     search,
     spark,
     stats,
@@ -78,7 +79,8 @@ def create_router(settings: Settings | None = None) -> APIRouter:
             pool.close()
 
     router = APIRouter(lifespan=lifespan)
-    for module in (search, jobs, queues, limits, admin, stats, health, metrics, spark, workflows, workers):
+    for module in (search, jobs, queues, limits, admin, stats, health, metrics, spark, workflows, workers,
+                   schedules):
         router.include_router(module.router)
     return router
 

@@ -44,6 +44,7 @@ class ErrorResponse(BaseModel):
 STATUS_BY_ERROR: list[tuple[type[Exception], int]] = [
     (errors.JobNotFound, 404),
     (errors.WorkflowNotFound, 404),
+    (errors.ScheduleNotFound, 404),
     (errors.DuplicateJob, 409),
     (errors.InvalidTransition, 409),
     (errors.LeaseLost, 409),

@@ -565,3 +565,25 @@ class JobSearchPage(BaseModel):
 
     items: list[JobPublic]
     next_marker: str | None = None
+
+
+class SchedulePublic(BaseModel):
+    """A periodic schedule as the workers stored it."""
+
+    name: str
+    queue: str
+    cron: str | None = Field(None, description="Its cron expression, or null for an interval")
+    every_s: float | None = Field(None, description="Its interval in seconds, or null for a cron expression")
+    timezone: str
+    missed: Literal["latest", "skip", "all"]
+    last_slot: str | None = None
+    next_slot: str
+    last_job_id: int | None = None
+    last_job_status: str | None = None
+    paused: bool
+
+
+class ScheduleList(BaseModel):
+    """Every stored schedule."""
+
+    items: list[SchedulePublic]

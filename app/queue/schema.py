@@ -175,6 +175,8 @@ schedules = Table(
     Column("next_slot", DateTime(timezone=True), nullable=False),
     Column("last_job_id", BigInteger),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # An operator paused it: no slot is enqueued until it is resumed (then its missed policy applies).
+    Column("paused", Boolean, nullable=False, server_default=text("false")),
     CheckConstraint("missed IN ('latest', 'skip', 'all')", name="outboxq_schedules_missed_check"),
 )
 

@@ -1,4 +1,5 @@
-"""The live workers' registry: each worker process announces itself, its queues and its jobs in flight
+"""The live workers' registry (each worker process announces itself, its queues and its jobs in flight), and
+schedules an operator can pause
 
 Revision ID: 0009
 Revises: 0008
@@ -15,7 +16,7 @@ depends_on = None
 
 
 def upgrade() -> None:
-    """The outboxq_workers table."""
+    """The outboxq_workers table; outboxq_schedules.paused."""
     op.create_table(
         "outboxq_workers",
         sa.Column("id", sa.Text(), nullable=False),
@@ -30,9 +31,12 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id"),
     )
     op.create_index("outboxq_workers_last_seen_at_idx", "outboxq_workers", ["last_seen_at"])
+    op.add_column("outboxq_schedules", sa.Column("paused", sa.Boolean(), server_default=sa.text("false"),
+                                                 nullable=False))
 
 
 def downgrade() -> None:
-    """Drop it."""
+    """Drop them."""
+    op.drop_column("outboxq_schedules", "paused")
     op.drop_index("outboxq_workers_last_seen_at_idx", table_name="outboxq_workers")
     op.drop_table("outboxq_workers")

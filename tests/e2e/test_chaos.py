@@ -1,5 +1,5 @@
 """`python -m tools chaos` scenarios in short configurations: faults injected while jobs, schedules, limited
-queues, poisoned handlers and Spark drivers run, and every invariant checked."""
+queues, poisoned handlers, Spark drivers, workflows and sequences run, and every invariant checked."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from tools.chaos_more import (
     MoreConfig,
     PeriodicScenario,
     PoisonScenario,
+    WorkflowsScenario,
     format_results,
     lease_segments,
     max_at_once,
@@ -75,6 +76,22 @@ def test_poisoned_handlers_among_ordinary_jobs_under_faults_end_dead_with_their_
     details = dict(result.details)
     # (more than 39 only where a batch whose commit was cut did commit)
     assert details["poisoned jobs"] == details["poisoned jobs ended dead with last_error stored"] >= 39
+
+
+def test_workflows_and_sequences_under_faults_lose_nothing_double_nothing_and_keep_order():
+    # 20 diamonds (80 steps) and 3 sequences of 8 jobs, each in its own transaction, under kills, cuts, a restart
+    # of the server and a zombie, on three workers.
+    result = run_more("workflows", MoreConfig(workers=3, workflows=20, sequences=3, sequence_jobs=8,
+                                              workflow_duration_s=8, fault_interval_s=0.5, timeout_s=120),
+                      out=io.StringIO())
+    print(format_results([result]))
+    assert result.ok, result.problems
+    assert set(result.faults) == set(WorkflowsScenario.fault_kinds) and result.faults["kill"] >= 1
+    assert result.jobs == 20 * 4 + 3 * 8
+    assert result.lost == result.duplicated == result.order_violations == result.not_finished == 0
+    details = dict(result.details)
+    assert details["workflows done / committed"] == "20 / 20"
+    assert details["sequences: runs recorded / jobs committed"] == "24 / 24 in 3 sequences"
 
 
 def test_the_limit_check_counts_a_lease_revived_after_expiry_and_a_killed_run_until_its_lease_ends():

@@ -16,14 +16,15 @@ SET queue = EXCLUDED.queue, spec = EXCLUDED.spec, timezone = EXCLUDED.timezone, 
 
 # The database's clock, and the soonest slot of these schedules: one cheap statement per idle tick.
 schedule_soonest = """
-SELECT now() AS now, (SELECT min(next_slot) FROM outboxq_schedules WHERE name = ANY(%(names)s::text[])) AS soonest
+SELECT now() AS now, (SELECT min(next_slot) FROM outboxq_schedules
+                      WHERE name = ANY(%(names)s::text[]) AND NOT paused) AS soonest
 """
 
 # The due schedules, locked until the transaction that enqueues their slots' jobs commits; a schedule that
 # another worker is enqueueing right now is skipped (it will have moved on when this worker looks again).
 schedule_lock_due = """
 SELECT name, last_slot, next_slot, now() AS now FROM outboxq_schedules
-WHERE name = ANY(%(names)s::text[]) AND next_slot <= now()
+WHERE name = ANY(%(names)s::text[]) AND next_slot <= now() AND NOT paused
 ORDER BY next_slot
 FOR UPDATE SKIP LOCKED
 """
@@ -37,7 +38,15 @@ WHERE name = %(name)s
 
 schedule_list = """
 SELECT s.name, s.queue, s.spec, s.timezone, s.missed, s.last_slot, s.next_slot, s.last_job_id,
-       j.status AS last_job_status, s.updated_at
+       j.status AS last_job_status, s.updated_at, s.paused
 FROM outboxq_schedules s LEFT JOIN outboxq_jobs j ON j.id = s.last_job_id
+WHERE %(name)s::text IS NULL OR s.name = %(name)s::text
 ORDER BY s.name
 """
+
+schedule_set_paused = """
+UPDATE outboxq_schedules SET paused = %(paused)s, updated_at = now() WHERE name = %(name)s
+RETURNING name
+"""
+
+schedule_payload = "SELECT payload FROM outboxq_schedules WHERE name = %(name)s"
