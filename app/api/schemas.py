@@ -245,6 +245,9 @@ class QueueSummary(BaseModel):
     failing_since: str | None
     counts: dict[str, int]
     limits: QueueLimitsPublic | None = None
+    state: Literal["paused", "failing", "limited", "idle", "running"] = Field(
+        description="paused; failing (its last attempts failed: backing off); limited (a limit binds now); idle "
+                    "(nothing to run); running")
 
 
 class QueueList(BaseModel):

@@ -121,6 +121,30 @@ def queue_counts(conn: Any) -> list[QueueInfo]:
     return out
 
 
+QUEUE_STATES = ("paused", "failing", "limited", "idle", "running")
+
+
+def queue_state(queue: dict[str, Any]) -> str:
+    """What a queue is doing, from its listing (queue_counts' to_dict() with its "limits" usage, or None):
+    paused; failing (its last attempts failed: it is backing off); limited (a concurrency or rate limit binds
+    now: every slot taken, or the window's starts used up); idle (nothing to run); else running."""
+    if queue["paused"]:
+        return "paused"
+    if queue["failing_since"] is not None:
+        return "failing"
+    limits = queue.get("limits")
+    if limits:
+        busiest = max([k["running"] for k in limits["busiest_keys"]], default=0) if limits["per_key"] \
+            else limits["running"]
+        full = limits["global_concurrency"] is not None and busiest >= limits["global_concurrency"]
+        rate = limits["rate_limit"]
+        spent = rate is not None and limits["recent_starts"] >= int(rate.split("/")[0])
+        if full or spent:
+            return "limited"
+    counts = queue["counts"]
+    return "running" if counts.get("queued", 0) + counts.get("running", 0) + counts.get("retrying", 0) else "idle"
+
+
 def _since(age_days: float, now: datetime | None) -> datetime:
     if not 0 < age_days <= MAX_STATS_AGE_DAYS:  # (nan fails too)
         raise InvalidInput(f"age_days must be more than 0 and at most {MAX_STATS_AGE_DAYS} (the stats read a "

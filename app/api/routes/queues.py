@@ -21,7 +21,8 @@ router = APIRouter(tags=["queues"], route_class=OutboxqRoute)
 @router.get("/v1/queues", response_model=QueueList, **scoped("read"), responses=error_responses(401, 403))
 def list_queues(pool: PoolDep) -> JSONResponse:
     """Each queue with its job counts per status (finished ones over the last `finished_window_s` seconds),
-    whether it is paused, and its limits with their usage."""
+    whether it is paused, its limits with their usage, and its state: paused, failing (its last attempts failed
+    and it is backing off), limited (a limit binds now), idle or running."""
     with transaction(pool) as conn:
         queues = [q.to_dict() for q in admin.queue_counts(conn)]
         usage = {u["queue"]: u for u in limits.usage(conn)}
@@ -30,6 +31,8 @@ def list_queues(pool: PoolDep) -> JSONResponse:
     # A queue limited before any job of it was enqueued is listed too (no jobs yet).
     queues += [{"queue": name, "paused": False, "failing_since": None, "counts": {s.value: 0 for s in JobStatus},
                 "limits": u} for name, u in usage.items()]
+    for q in queues:
+        q["state"] = admin.queue_state(q)
     return JSONResponse({"queues": sorted(queues, key=lambda q: q["queue"]),
                          "finished_window_s": admin.FINISHED_COUNTS_WINDOW_S})
 

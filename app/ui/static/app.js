@@ -111,7 +111,7 @@ async function showQueues() {
   const rows = queues.map(q => `
     <tr data-queue="${esc(q.queue)}">
       <td><a href="#/queues/${encodeURIComponent(q.queue)}">${esc(q.queue)}</a></td>
-      <td>${q.paused ? "paused" : "running"}</td>
+      <td>${statusBadge(q.state || (q.paused ? "paused" : "running"))}</td>
       ${STATUSES.map(s => `<td class="num">${(q.counts || {})[s] || 0}</td>`).join("")}
       <td class="limits">${esc(limitsText(q.limits))}</td>
       <td>
