@@ -68,14 +68,22 @@ class InvalidPayload(OutboxqError, ValueError):
     code = "invalid_payload"
 
 
-class JobNotFound(OutboxqError, LookupError):
+class IdNotFound(OutboxqError, LookupError):
+    """Base of the errors for an id that names nothing (`what` says of which kind)."""
+
+    what = "thing"
+
+    def __init__(self, ident: int):
+        self.ident = ident
+        super().__init__(f"no {self.what} has id {ident}")
+
+
+class JobNotFound(IdNotFound):
     """No job has that id."""
 
     code = "job_not_found"
-
-    def __init__(self, job_id: int):
-        self.job_id = job_id
-        super().__init__(f"no job has id {job_id}")
+    what = "job"
+    job_id = property(lambda self: self.ident)
 
 
 class InvalidFilter(InvalidInput):
@@ -97,14 +105,11 @@ class ScheduleNotFound(OutboxqError, LookupError):
     code = "schedule_not_found"
 
 
-class WorkflowNotFound(OutboxqError, LookupError):
+class WorkflowNotFound(IdNotFound):
     """No workflow has that id."""
 
     code = "workflow_not_found"
-
-    def __init__(self, workflow_id: int):
-        self.workflow_id = workflow_id
-        super().__init__(f"no workflow has id {workflow_id}")
+    what = "workflow"
 
 
 class InvalidTransition(OutboxqError):

@@ -54,7 +54,19 @@ SLOW_PATHS = ("tests/spark/", "tests/e2e/", "tests/http/test_api_schemathesis.py
               "tests/worker/test_rooms_survive.py::test_a_room_failing_again_and_again_makes_outboxq_worker_exit",
               "tests/worker/test_flow_control.py::test_global_concurrency_holds_across_worker_processes",
               "tests/worker/test_flow_control.py::test_sigkilled_workers_slots_come_back",
-              "tests/worker/test_runtime_leases.py::test_sigkilled_worker_jobs_are_rescued")
+              "tests/worker/test_runtime_leases.py::test_sigkilled_worker_jobs_are_rescued",
+              # worker subprocesses: the workflows' and sequences' runs, the workers' registry
+              "tests/worker/test_workflows.py::test_ten_diamonds", "tests/worker/test_workflows.py::test_a_fan_out",
+              "tests/worker/test_workflows.py::test_a_worker_killed", "tests/worker/test_workflows.py::test_three_seq",
+              "tests/worker/test_workflows.py::test_a_workflow_in_a_rolled_back",
+              "tests/worker/test_workflows.py::test_a_failed_middle", "tests/worker/test_workflows.py::test_a_cancelled",
+              "tests/worker/test_workflows.py::test_the_workflows_command", "tests/worker/test_worker_registry.py",
+              # each writes 200,000 jobs first; and a schedule's seconds pass
+              "tests/queue/test_query_plans.py", "tests/http/test_api_schedules.py",
+              # seconds of wall time each, by design (a rate window, a long lease, concurrent writers)
+              "tests/worker/test_flow_control.py::test_rate_limit_starts_in_any_window",
+              "tests/worker/test_runtime_leases.py::test_live_long_job_with_heartbeats",
+              "tests/http/test_api_feed.py::test_concurrent_writers_and_a_paging_reader")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
