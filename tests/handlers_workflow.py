@@ -24,11 +24,14 @@ def _step(payload: dict, ctx: JobContext) -> dict:
         raise RuntimeError(f"step {ctx.step} fails as asked")
     time.sleep(payload.get("seconds", 0))
     parents = ctx.parent_results
+    result = {"step": ctx.step, "value": payload.get("value", 1)}
     with ctx.transaction() as conn:
         conn.execute("INSERT INTO test_wf_effects (job_id, workflow_id, step, parents, pid) "
                      "VALUES (%s, %s, %s, %s::jsonb, %s)",
                      (ctx.job_id, ctx.workflow_id, ctx.step, _json(parents), os.getpid()))
-    return {"step": ctx.step, "value": payload.get("value", 1)}
+        if not payload.get("return_only"):  # (the diamonds' right step returns its result instead)
+            ctx.set_result(result)
+    return result
 
 
 def _json(value: object) -> str:
@@ -45,11 +48,13 @@ for _queue in ("wf-fetch", "wf-left", "wf-right", "wf-join", "wf-fan"):
 def total(payload: dict, ctx: JobContext) -> dict:
     """The join of a fan-out: the sum of every parent's value."""
     parents = ctx.parent_results
+    result = {"sum": sum(r["value"] for r in parents.values())}
     with ctx.transaction() as conn:
         conn.execute("INSERT INTO test_wf_effects (job_id, workflow_id, step, parents, pid) "
                      "VALUES (%s, %s, %s, %s::jsonb, %s)",
                      (ctx.job_id, ctx.workflow_id, ctx.step, _json({"count": len(parents)}), os.getpid()))
-    return {"sum": sum(r["value"] for r in parents.values())}
+        ctx.set_result(result)
+    return result
 
 
 @consumer("seq", max_attempts=3, lease_s=5)

@@ -90,6 +90,7 @@ def step(payload: dict, ctx: JobContext) -> dict:
         conn.execute("INSERT INTO chaos_wf_effects (job_id, workflow_id, step, parents, value, attempt, pid) "
                      "VALUES (%s, %s, %s, %s::jsonb, %s, %s, %s)",
                      (ctx.job_id, ctx.workflow_id, name, json.dumps(parents), value, ctx.attempt, os.getpid()))
+        ctx.set_result({"value": value})  # stored with the effect: the next steps see it whatever dies
     return {"value": value}
 
 

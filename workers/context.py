@@ -16,6 +16,7 @@ from psycopg.rows import dict_row
 
 from outboxq.errors import InvalidInput, LeaseLost
 from outboxq.queue import sql, storable
+from outboxq.settings import get_settings
 
 log = logging.getLogger("outboxq.worker")
 
@@ -45,6 +46,8 @@ class JobContext:
     _cancelled: bool = field(default=False, init=False)
     fenced: bool = field(default=False, init=False)
     completed_in_transaction: bool = field(default=False, init=False)
+    _in_transaction: bool = field(default=False, init=False)
+    _result_json: str | None = field(default=None, init=False)
 
     @cached_property
     def log(self) -> logging.LoggerAdapter:
@@ -114,6 +117,19 @@ class JobContext:
             self.fenced = True
             raise LeaseLost(f"job {self.job_id}: this worker no longer holds its lease; progress not recorded")
 
+    def set_result(self, value: Any) -> None:
+        """Inside `with ctx.transaction():`, the job's result, stored in the same commit as the block's effects
+        (a value the handler returns after the block is stored only after that commit, and is lost should the
+        worker die between: a workflow's later steps would then see None in ctx.parent_results). InvalidInput
+        for a value PostgreSQL cannot store or over max_result_bytes; RuntimeError outside the block."""
+        if not self._in_transaction:
+            raise RuntimeError("ctx.set_result() belongs inside `with ctx.transaction():`; elsewhere, return the "
+                               "result")
+        try:
+            self._result_json = storable.result_json(value, get_settings().max_result_bytes)
+        except storable.NotStorable as exc:
+            raise InvalidInput(f"result not storable: {exc}") from None
+
     @contextmanager
     def transaction(self) -> Iterator[psycopg.Connection[Any]]:
         """A transaction in which the handler's writes and the job's completion commit together.
@@ -135,16 +151,26 @@ class JobContext:
                     raise LeaseLost(
                         f"job {self.job_id}: this worker no longer holds its lease; its effects were not written"
                     )
-                yield conn
-                done = conn.execute(
-                    sql.job_complete_in_lease, {"ids": [self.job_id], "lease_token": self.lease_token}
-                ).fetchall()
+                self._in_transaction = True
+                try:
+                    yield conn
+                finally:
+                    self._in_transaction = False
+                done = conn.execute(*self._completion()).fetchall()
                 if not any(_first(r) == self.job_id for r in done):
                     raise LeaseLost(f"job {self.job_id}: completion refused (lease lost)")
         except psycopg.OperationalError:
             conn.close()  # a broken connection is replaced on next use
             raise
         self.completed_in_transaction = True
+
+
+    def _completion(self) -> tuple[str, dict[str, Any]]:
+        """ctx.transaction()'s completing statement: with the result given by set_result(), or without."""
+        params: dict[str, Any] = {"ids": [self.job_id], "lease_token": self.lease_token}
+        if self._result_json is None:
+            return sql.job_complete_in_lease, params
+        return sql.job_complete_in_lease_with_result, {**params, "result": self._result_json}
 
 
 def _first(row: Any) -> Any:

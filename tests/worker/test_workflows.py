@@ -31,6 +31,7 @@ from outboxq import (
 )
 from outboxq.queue import admin
 from outboxq.workers.maintenance import promote
+from tests.handlers_runtime import isolated_registry  # noqa: F401
 from tests.handlers_workflow import EFFECTS_DDL, SEQUENCE_DDL
 from tests.support import stop_processes, wait_for
 
@@ -57,7 +58,8 @@ def _diamond(name: str, value: int = 1, fail_left: bool = False) -> Workflow:
     wf = Workflow(name)
     fetch = wf.step("fetch", queue="wf-fetch", payload={"value": value})
     left = wf.step("left", queue="wf-left", payload={"value": value * 10, "fail": fail_left}, after=[fetch])
-    right = wf.step("right", queue="wf-right", payload={"value": value * 100}, after=[fetch])
+    # (right hands its result on by returning it, after its transaction: the path where the worker stores it)
+    right = wf.step("right", queue="wf-right", payload={"value": value * 100, "return_only": True}, after=[fetch])
     wf.step("join", queue="wf-join", payload={"value": 0}, after=[left, right])
     return wf
 
@@ -370,3 +372,40 @@ def test_the_workflows_command_lists_shows_cancels_and_refuses_a_retry_after_can
     assert "cancelled 4" in cli("cancel", str(ids[0]))
     assert "was cancelled" in cli("retry", str(ids[0]), code=1)
     assert "no workflow has id" in cli("show", "999999", code=1)
+
+
+def test_set_result_stores_the_result_with_the_effects_and_refuses_what_cannot_be_stored(db_url):
+    from outboxq.testing import TestQueue
+    from outboxq.workers.registry import Consumer, register
+
+    def good(payload, ctx):
+        with ctx.transaction() as conn:
+            conn.execute("CREATE TABLE IF NOT EXISTS test_set_result (n int)")
+            conn.execute("INSERT INTO test_set_result VALUES (1)")
+            ctx.set_result({"rows": 1})
+
+    def unstorable(payload, ctx):
+        with ctx.transaction() as conn:
+            conn.execute("CREATE TABLE IF NOT EXISTS test_set_result (n int)")
+            conn.execute("INSERT INTO test_set_result VALUES (2)")
+            ctx.set_result(float("nan"))
+
+    def outside(payload, ctx):
+        ctx.set_result(1)
+
+    for queue, handler in (("sr-good", good), ("sr-nan", unstorable), ("sr-outside", outside)):
+        register(Consumer(queue, handler, max_attempts=1))
+    with psycopg.connect(db_url) as conn:
+        jobs = {q: enqueue(conn, q, {}).id for q in ("sr-good", "sr-nan", "sr-outside")}
+        conn.commit()
+    queue = TestQueue(db_url)
+    queue.run_one("sr-good")
+    for q in ("sr-nan", "sr-outside"):
+        queue.drain(q, expect_success=False)
+    with psycopg.connect(db_url) as conn:
+        stored = {q: get_job(conn, i) for q, i in jobs.items()}
+        rows = [r[0] for r in conn.execute("SELECT n FROM test_set_result ORDER BY n")]
+    assert stored["sr-good"].status == "done" and stored["sr-good"].result == {"rows": 1}
+    assert stored["sr-nan"].status == "dead" and "result not storable" in stored["sr-nan"].last_error
+    assert rows == [1]  # the refused result's effects were rolled back with it
+    assert stored["sr-outside"].status == "dead" and "inside `with ctx.transaction():`" in stored["sr-outside"].last_error

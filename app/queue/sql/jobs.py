@@ -319,6 +319,12 @@ WHERE j.id = ANY(%(ids)s::bigint[])
 RETURNING j.id
 """
 
+# The same, with the result the handler gave inside the block (ctx.set_result): stored in the same commit as
+# its effects, the token cleared and the dependents released at once, so nothing can come between them.
+job_complete_in_lease_with_result = _JOB_COMPLETE.format(
+    fence="j.lease_token = %(lease_token)s::uuid AND j.lease_expires_at > clock_timestamp()",
+    also_set=", result = %(result)s::jsonb")
+
 # Jobs done in ctx.transaction() settle: their results stored (where they returned one), their tokens cleared.
 job_settle_in_transaction = """
 UPDATE outboxq_jobs j
