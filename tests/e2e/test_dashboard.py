@@ -229,3 +229,70 @@ def test_a_workflow_is_drawn_with_each_steps_state_and_cancelled_from_its_page(d
     assert console_errors == []
     with psycopg.connect(db_url) as conn:
         assert get_workflow(conn, workflow_id).status == "cancelled"
+
+
+def test_search_with_qualifiers_selects_and_retries_and_the_workers_and_schedules_pages_act(db_url, server):
+    """The search box's qualifiers give the URL's results; selected jobs are retried after a confirmation that
+    names how many; the workers page lists a live worker; the schedules page runs one now and pauses it."""
+    from datetime import timedelta
+
+    from outboxq.workers.periodic import Schedule
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with psycopg.connect(db_url) as conn:
+        acme = [enqueue(conn, "ui-search", {"customer": "acme", "n": n}, key=f"order-{n}").id for n in range(3)]
+        enqueue(conn, "ui-search", {"customer": "globex"}, key="order-9")
+        conn.execute("UPDATE outboxq_jobs SET status = 'dead', finished_at = now(), last_error = 'Mailbox full' "
+                     "WHERE id = ANY(%s)", (acme,))
+        conn.commit()
+    worker = Worker([Consumer("ui-tick", lambda payload, ctx: None)], url=db_url, poll_interval=0.1,
+                    schedules=[Schedule(name="ui-tick", queue="ui-tick", every=timedelta(hours=1))]).start()
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+            page = browser.new_page()
+            console_errors: list[str] = []
+            page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
+            confirmations: list[str] = []
+            page.on("dialog", lambda dialog: (confirmations.append(dialog.message), dialog.accept()))
+            page.goto(server + "/ui/")
+            page.fill("#token", TOKEN)
+            page.click("#sign-in-form button")
+            page.wait_for_selector("#queues")
+            page.goto(server + "/ui/#/jobs")
+            page.wait_for_selector("#search")
+            page.fill("#search", 'queue:ui-search status:dead payload.customer:acme error:"mailbox"')
+            page.click("#search-form button")
+            page.wait_for_selector("#search-results tbody input.pick")
+            assert "payload.customer" in page.url  # the results are addressable by URL
+            shown = [int(t) for t in page.locator("#search-results tbody td:nth-child(2) a").all_inner_texts()]
+            assert shown == sorted(acme, reverse=True)
+            page.screenshot(path=str(SHOTS / "search.png"), full_page=True)
+            page.locator("#search-results input.pick").nth(0).check()
+            page.locator("#search-results input.pick").nth(1).check()
+            page.click("#retry-selected")
+            page.wait_for_selector("#flash:has-text('Retried 2 of 2 jobs')")
+            assert confirmations[-1] == "Retry 2 jobs?"
+            with psycopg.connect(db_url) as conn:
+                assert get_job(conn, acme[2]).status is JobStatus.QUEUED and get_job(conn, acme[0]).status is JobStatus.DEAD
+
+            page.click("nav a[href='#/workers']")
+            page.wait_for_selector(f"#workers tr[data-worker='{worker.worker_id}']")
+            assert "ui-tick" in page.inner_text(f"#workers tr[data-worker='{worker.worker_id}']")
+            page.click("nav a[href='#/schedules']")
+            row = "#schedules tr[data-schedule='ui-tick']"
+            page.wait_for_selector(row)
+            page.click(f"{row} button[data-action='run']")
+            wait_for(lambda: _manual_runs(db_url) == 1)
+            page.click(f"{row} button[data-action='pause']")
+            page.wait_for_selector(f"{row} button[data-action='resume']")
+            page.screenshot(path=str(SHOTS / "schedules.png"), full_page=True)
+            browser.close()
+        assert console_errors == []
+    finally:
+        worker.stop(timeout=5)
+
+
+def _manual_runs(db_url):
+    with psycopg.connect(db_url) as conn:
+        return conn.execute("SELECT count(*) FROM outboxq_jobs WHERE key LIKE 'periodic:ui-tick:manual:%%'").fetchone()[0]

@@ -212,6 +212,107 @@ async function showJob(id) {
   document.getElementById("cancel-job").addEventListener("click", () => act(`Cancel job ${id}`, "POST", `/v1/jobs/${id}/cancel`, () => showJob(id)));
 }
 
+// ---------------------------------------------------------------- search across queues
+
+// The search box's qualifiers (queue:, status:, key:, error:, payload.a.b:value, since:, until:) as
+// GET /v1/jobs parameters; a word without a qualifier searches the last error. Quoted values may hold spaces.
+function searchParams(text) {
+  const params = new URLSearchParams(), payload = {};
+  for (const [, name, quoted, bare] of text.matchAll(/(?:([\w.]+):)?(?:"([^"]*)"|(\S+))/g)) {
+    const value = quoted ?? bare;
+    if (!name) params.set("error", value);
+    else if (name === "status") value.split(",").forEach(s => params.append("status", s));
+    else if (name.startsWith("payload.")) {
+      const path = name.split(".").slice(1);
+      let node = payload;
+      path.slice(0, -1).forEach(part => { node = node[part] = node[part] || {}; });
+      node[path[path.length - 1]] = /^(-?\d+(\.\d+)?|true|false|null)$/.test(value) ? JSON.parse(value) : value;
+    } else params.set(name, value);
+  }
+  if (Object.keys(payload).length) params.set("payload", JSON.stringify(payload));
+  return params;
+}
+
+async function showSearch(params) {
+  const text = params.get("q") || "", marker = params.get("marker") || "";
+  const query = searchParams(text);
+  query.set("limit", "50");
+  if (marker) query.set("marker", marker);
+  const page = await api("GET", `/v1/jobs?${query}`);
+  const rows = page.items.map(j => `
+    <tr><td><input type="checkbox" class="pick" value="${j.id}" aria-label="select job ${j.id}"></td>
+    <td><a href="#/jobs/${j.id}">${j.id}</a></td><td><a href="#/queues/${encodeURIComponent(j.queue)}">${esc(j.queue)}</a></td>
+    <td>${esc(j.key)}</td><td>${statusBadge(j.status)}</td><td class="num">${j.attempts}</td><td>${esc(j.created_at)}</td><td>${esc(j.last_error)}</td></tr>`).join("");
+  const here = `#/jobs?q=${encodeURIComponent(text)}`;
+  view.innerHTML = `
+    <section class="card">
+      <h2>Search jobs</h2>
+      <form id="search-form" class="toolbar">
+        <input id="search" type="search" size="60" value="${esc(text)}" aria-label="search"
+          placeholder='queue:mail status:dead key:order- payload.customer:acme error:"timed out"'>
+        <button type="submit">Search</button>
+      </form>
+      <div class="toolbar">
+        <button id="retry-selected" class="secondary">Retry selected</button>
+        <button id="cancel-selected" class="danger">Cancel selected</button>
+        ${marker ? `<a href="${here}">First page</a>` : ""}
+        ${page.next_marker ? `<a id="next-results" href="${here}&marker=${encodeURIComponent(page.next_marker)}">Next page</a>` : ""}
+      </div>
+      <table id="search-results"><thead><tr><th></th><th>id</th><th>queue</th><th>key</th><th>status</th><th>attempts</th><th>created</th><th>last error</th></tr></thead>
+      <tbody>${rows || `<tr><td colspan="8">No job matches.</td></tr>`}</tbody></table>
+    </section>`;
+  document.getElementById("search-form").addEventListener("submit", event => {
+    event.preventDefault();
+    location.hash = `#/jobs?q=${encodeURIComponent(document.getElementById("search").value.trim())}`;
+  });
+  const bulk = async action => {
+    const ids = [...view.querySelectorAll("input.pick:checked")].map(box => Number(box.value));
+    if (!ids.length) return say("Select jobs first.", true);
+    if (!window.confirm(`${action === "retry" ? "Retry" : "Cancel"} ${ids.length} job${ids.length === 1 ? "" : "s"}?`)) return;
+    try {
+      const result = await api("POST", `/v1/jobs/${action}`, {ids});
+      say(`${action === "retry" ? "Retried" : "Cancelled"} ${result.count} of ${ids.length} jobs`);
+      await showSearch(params);
+    } catch (error) {
+      say(`${action} failed: ${error.message}`, true);
+    }
+  };
+  document.getElementById("retry-selected").addEventListener("click", () => bulk("retry"));
+  document.getElementById("cancel-selected").addEventListener("click", () => bulk("cancel"));
+}
+
+// ---------------------------------------------------------------- workers and schedules
+
+async function showWorkers() {
+  const data = await api("GET", "/v1/workers");
+  view.innerHTML = `
+    <section class="card"><h2>Live workers</h2>
+    <table id="workers"><thead><tr><th>id</th><th>host</th><th>pid</th><th>version</th><th>queues</th><th>concurrency</th><th>in flight</th><th>started</th><th>last seen</th></tr></thead>
+    <tbody>${data.items.map(w => `<tr data-worker="${esc(w.id)}"><td>${esc(w.id)}</td><td>${esc(w.host)}</td><td class="num">${w.pid}</td><td>${esc(w.version)}</td>
+      <td>${esc(w.queues.map(q => q.queue + (q.global_concurrency ? ` (≤${q.global_concurrency})` : "")).join(", "))}</td>
+      <td class="num">${w.concurrency}</td><td class="num">${w.in_flight}</td><td>${esc(w.started_at)}</td><td>${esc(w.last_seen_at)}</td></tr>`).join("")
+      || `<tr><td colspan="9">No live worker.</td></tr>`}</tbody></table></section>`;
+}
+
+async function showSchedules() {
+  const data = await api("GET", "/v1/schedules");
+  view.innerHTML = `
+    <section class="card"><h2>Schedules</h2>
+    <table id="schedules"><thead><tr><th>name</th><th>queue</th><th>when</th><th>time zone</th><th>missed</th><th>last slot</th><th>next slot</th><th>last job</th><th></th></tr></thead>
+    <tbody>${data.items.map(s => `<tr data-schedule="${esc(s.name)}"><td>${esc(s.name)}</td><td>${esc(s.queue)}</td>
+      <td>${s.cron ? "cron " + esc(s.cron) : `every ${s.every_s} s`}</td><td>${esc(s.timezone)}</td><td>${esc(s.missed)}</td>
+      <td>${esc(s.last_slot)}</td><td>${s.paused ? statusBadge("paused") : esc(s.next_slot)}</td>
+      <td>${s.last_job_id ? `<a href="#/jobs/${s.last_job_id}">${s.last_job_id}</a> ${statusBadge(s.last_job_status)}` : ""}</td>
+      <td><button class="secondary" data-action="run">Run now</button>
+          <button class="secondary" data-action="${s.paused ? "resume" : "pause"}">${s.paused ? "Resume" : "Pause"}</button></td></tr>`).join("")
+      || `<tr><td colspan="9">No schedules yet.</td></tr>`}</tbody></table></section>`;
+  view.querySelectorAll("tr[data-schedule] button").forEach(button => {
+    const name = button.closest("tr").dataset.schedule, action = button.dataset.action;
+    const labels = {run: `Run schedule ${name} now`, pause: `Pause schedule ${name}`, resume: `Resume schedule ${name}`};
+    button.addEventListener("click", () => act(labels[action], "POST", `/v1/schedules/${encodeURIComponent(name)}/${action}`, showSchedules));
+  });
+}
+
 // ---------------------------------------------------------------- workflows
 
 async function showWorkflows() {
@@ -294,6 +395,9 @@ async function route() {
   try {
     if (parts[0] === "queues" && parts[1]) await showQueue(parts[1], params);
     else if (parts[0] === "jobs" && parts[1]) await showJob(Number(parts[1]));
+    else if (parts[0] === "jobs") await showSearch(params);
+    else if (parts[0] === "workers") await showWorkers();
+    else if (parts[0] === "schedules") await showSchedules();
     else if (parts[0] === "workflows" && parts[1]) await showWorkflow(Number(parts[1]));
     else if (parts[0] === "workflows") await showWorkflows();
     else if (parts[0] === "spark") await showSpark();
