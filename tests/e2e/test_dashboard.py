@@ -296,3 +296,45 @@ def test_search_with_qualifiers_selects_and_retries_and_the_workers_and_schedule
 def _manual_runs(db_url):
     with psycopg.connect(db_url) as conn:
         return conn.execute("SELECT count(*) FROM outboxq_jobs WHERE key LIKE 'periodic:ui-tick:manual:%%'").fetchone()[0]
+
+
+def test_a_queues_page_updates_itself_pauses_on_request_and_follows_the_readers_dark_mode(db_url, server):
+    """A job enqueued while a queue's page is open appears without a reload; with updates paused it does not
+    until they are resumed; times read "… ago" with the exact time on hover; dark mode follows the system."""
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with psycopg.connect(db_url) as conn:
+        enqueue(conn, "ui-live", {"n": 0})
+        conn.commit()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        page = browser.new_page(color_scheme="dark")
+        console_errors: list[str] = []
+        page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
+        page.goto(server + "/ui/")
+        page.fill("#token", TOKEN)
+        page.click("#sign-in-form button")
+        page.wait_for_selector("#queues")
+        page.goto(server + "/ui/#/queues/ui-live")
+        page.wait_for_selector("#jobs tbody tr td a")
+        assert page.locator("#jobs tbody tr").count() == 1
+        created = page.locator("#jobs tbody time").first
+        assert created.inner_text() in ("now", "1 s ago", "2 s ago", "3 s ago") or created.inner_text().endswith("s ago")
+        assert created.get_attribute("title").endswith("Z")
+        with psycopg.connect(db_url) as conn:
+            second = enqueue(conn, "ui-live", {"n": 1}).id
+            conn.commit()
+        page.wait_for_selector(f"#jobs a[href='#/jobs/{second}']", timeout=10_000)  # no reload
+        page.click("#live-toggle")
+        assert page.inner_text("#live-toggle") == "Resume updates"
+        with psycopg.connect(db_url) as conn:
+            third = enqueue(conn, "ui-live", {"n": 2}).id
+            conn.commit()
+        time.sleep(5)  # two and a half refresh intervals: a live page would show it by now
+        assert page.locator(f"#jobs a[href='#/jobs/{third}']").count() == 0
+        page.click("#live-toggle")
+        page.wait_for_selector(f"#jobs a[href='#/jobs/{third}']", timeout=10_000)
+        background = page.evaluate("getComputedStyle(document.body).backgroundColor")
+        assert background == "rgb(18, 21, 28)", background
+        page.screenshot(path=str(SHOTS / "queue-jobs-dark.png"), full_page=True)
+        browser.close()
+    assert console_errors == []

@@ -31,6 +31,16 @@ function items(data) { return Array.isArray(data) ? data : (data.items || data.q
 
 function statusBadge(status) { return `<span class="status ${esc(status)}">${esc(status)}</span>`; }
 
+// A time as people read it ("3 min ago", "in 20 s"), the exact UTC time on hover.
+function when(iso) {
+  if (!iso) return "";
+  const seconds = Math.round((Date.parse(iso) - Date.now()) / 1000), size = Math.abs(seconds);
+  const [n, unit] = size < 60 ? [size, "s"] : size < 3600 ? [Math.round(size / 60), "min"]
+    : size < 86400 ? [Math.round(size / 3600), "h"] : [Math.round(size / 86400), "d"];
+  const text = size < 2 ? "now" : seconds < 0 ? `${n} ${unit} ago` : `in ${n} ${unit}`;
+  return `<time datetime="${esc(iso)}" title="${esc(new Date(iso).toISOString())}">${text}</time>`;
+}
+
 async function act(label, method, path, after) {
   if (!window.confirm(`${label}?`)) return;
   try {
@@ -123,7 +133,7 @@ async function showQueues() {
   view.innerHTML = `
     <section class="card">
       <h2>Health: <span id="health" class="${health.healthy ? "healthy" : "unhealthy"}">${health.healthy ? "healthy" : "unhealthy"}</span></h2>
-      ${(health.queues_in_error || []).map(q => `<p class="error">${esc(q.queue)} in error since ${esc(q.failing_since)}</p>`).join("")}
+      ${(health.queues_in_error || []).map(q => `<p class="error">${esc(q.queue)} in error since ${when(q.failing_since)}</p>`).join("")}
       <h3>Last hour: ${done} done, ${failed} failed attempts (failure rate ${failureRate}%)</h3>
       ${chart(throughput)}
     </section>
@@ -154,7 +164,7 @@ async function showQueue(queue, params) {
   const page = await api("GET", `/v1/queues/${encodeURIComponent(queue)}/jobs?${query}`);
   const rows = page.items.map(j => `
     <tr><td><a href="#/jobs/${j.id}">${j.id}</a></td><td>${esc(j.key)}</td><td>${statusBadge(j.status)}</td>
-    <td class="num">${j.attempts}</td><td>${esc(j.created_at)}</td><td>${esc(j.last_error)}</td></tr>`).join("");
+    <td class="num">${j.attempts}</td><td>${when(j.created_at)}</td><td>${esc(j.last_error)}</td></tr>`).join("");
   const base = `#/queues/${encodeURIComponent(queue)}?status=${encodeURIComponent(status)}`;
   view.innerHTML = `
     <section class="card">
@@ -193,9 +203,9 @@ async function showJob(id) {
       </div>
       <table>
         <tr><th>key</th><td>${esc(job.key)}</td><th>priority</th><td>${job.priority}</td></tr>
-        <tr><th>attempts</th><td id="job-attempts">${job.attempts} of ${job.max_attempts ?? "default"}</td><th>run at</th><td>${esc(job.run_at)}</td></tr>
-        <tr><th>created</th><td>${esc(job.created_at)}</td><th>started</th><td>${esc(job.started_at)}</td></tr>
-        <tr><th>finished</th><td>${esc(job.finished_at)}</td><th>last error</th><td>${esc(job.last_error)}</td></tr>
+        <tr><th>attempts</th><td id="job-attempts">${job.attempts} of ${job.max_attempts ?? "default"}</td><th>run at</th><td>${when(job.run_at)}</td></tr>
+        <tr><th>created</th><td>${when(job.created_at)}</td><th>started</th><td>${when(job.started_at)}</td></tr>
+        <tr><th>finished</th><td>${when(job.finished_at)}</td><th>last error</th><td>${esc(job.last_error)}</td></tr>
         ${job.waiting_reason ? `<tr><th>waiting because</th><td colspan="3" id="job-waiting-reason">${esc(job.waiting_reason)}</td></tr>` : ""}
         <tr><th>progress</th><td id="job-progress">${job.progress == null ? "" : `${Math.round(job.progress * 100)}% ${esc(job.progress_message)}`}</td><th>snoozes</th><td>${job.snoozes ?? 0}</td></tr>
       </table>
@@ -205,7 +215,7 @@ async function showJob(id) {
       <h3>Waited for by</h3>${related(dependencies.dependents || [])}
       <h3>Errors</h3>
       <div id="errors">${errorItems.length ? errorItems.map(e => `
-        <div><strong>attempt ${e.attempt}${e.kind === "snooze" ? " (snooze)" : ""}</strong> at ${esc(e.failed_at)}: ${esc(e.error)}
+        <div><strong>attempt ${e.attempt}${e.kind === "snooze" ? " (snooze)" : ""}</strong> at ${when(e.failed_at)}: ${esc(e.error)}
         ${e.traceback ? `<pre>${esc(e.traceback)}</pre>` : ""}</div>`).join("") : "<p>none</p>"}</div>
     </section>`;
   document.getElementById("retry-job").addEventListener("click", () => act(`Retry job ${id}`, "POST", `/v1/jobs/${id}/retry`, () => showJob(id)));
@@ -242,7 +252,7 @@ async function showSearch(params) {
   const rows = page.items.map(j => `
     <tr><td><input type="checkbox" class="pick" value="${j.id}" aria-label="select job ${j.id}"></td>
     <td><a href="#/jobs/${j.id}">${j.id}</a></td><td><a href="#/queues/${encodeURIComponent(j.queue)}">${esc(j.queue)}</a></td>
-    <td>${esc(j.key)}</td><td>${statusBadge(j.status)}</td><td class="num">${j.attempts}</td><td>${esc(j.created_at)}</td><td>${esc(j.last_error)}</td></tr>`).join("");
+    <td>${esc(j.key)}</td><td>${statusBadge(j.status)}</td><td class="num">${j.attempts}</td><td>${when(j.created_at)}</td><td>${esc(j.last_error)}</td></tr>`).join("");
   const here = `#/jobs?q=${encodeURIComponent(text)}`;
   view.innerHTML = `
     <section class="card">
@@ -290,7 +300,7 @@ async function showWorkers() {
     <table id="workers"><thead><tr><th>id</th><th>host</th><th>pid</th><th>version</th><th>queues</th><th>concurrency</th><th>in flight</th><th>started</th><th>last seen</th></tr></thead>
     <tbody>${data.items.map(w => `<tr data-worker="${esc(w.id)}"><td>${esc(w.id)}</td><td>${esc(w.host)}</td><td class="num">${w.pid}</td><td>${esc(w.version)}</td>
       <td>${esc(w.queues.map(q => q.queue + (q.global_concurrency ? ` (≤${q.global_concurrency})` : "")).join(", "))}</td>
-      <td class="num">${w.concurrency}</td><td class="num">${w.in_flight}</td><td>${esc(w.started_at)}</td><td>${esc(w.last_seen_at)}</td></tr>`).join("")
+      <td class="num">${w.concurrency}</td><td class="num">${w.in_flight}</td><td>${when(w.started_at)}</td><td>${when(w.last_seen_at)}</td></tr>`).join("")
       || `<tr><td colspan="9">No live worker.</td></tr>`}</tbody></table></section>`;
 }
 
@@ -301,7 +311,7 @@ async function showSchedules() {
     <table id="schedules"><thead><tr><th>name</th><th>queue</th><th>when</th><th>time zone</th><th>missed</th><th>last slot</th><th>next slot</th><th>last job</th><th></th></tr></thead>
     <tbody>${data.items.map(s => `<tr data-schedule="${esc(s.name)}"><td>${esc(s.name)}</td><td>${esc(s.queue)}</td>
       <td>${s.cron ? "cron " + esc(s.cron) : `every ${s.every_s} s`}</td><td>${esc(s.timezone)}</td><td>${esc(s.missed)}</td>
-      <td>${esc(s.last_slot)}</td><td>${s.paused ? statusBadge("paused") : esc(s.next_slot)}</td>
+      <td>${when(s.last_slot)}</td><td>${s.paused ? statusBadge("paused") : when(s.next_slot)}</td>
       <td>${s.last_job_id ? `<a href="#/jobs/${s.last_job_id}">${s.last_job_id}</a> ${statusBadge(s.last_job_status)}` : ""}</td>
       <td><button class="secondary" data-action="run">Run now</button>
           <button class="secondary" data-action="${s.paused ? "resume" : "pause"}">${s.paused ? "Resume" : "Pause"}</button></td></tr>`).join("")
@@ -322,7 +332,7 @@ async function showWorkflows() {
     <table id="workflows"><thead><tr><th>id</th><th>name</th><th>status</th><th>steps</th><th>done</th><th>unfinished</th><th>dead</th><th>cancelled</th><th>created</th></tr></thead>
     <tbody>${page.items.map(w => `<tr><td><a href="#/workflows/${w.id}">${w.id}</a></td><td>${esc(w.name)}</td><td>${statusBadge(w.status)}</td>
       <td class="num">${w.steps}</td><td class="num">${w.done}</td><td class="num">${w.unfinished}</td><td class="num">${w.dead}</td><td class="num">${w.cancelled}</td>
-      <td>${esc(w.created_at)}</td></tr>`).join("") || `<tr><td colspan="9">No workflows yet.</td></tr>`}</tbody></table></section>`;
+      <td>${when(w.created_at)}</td></tr>`).join("") || `<tr><td colspan="9">No workflows yet.</td></tr>`}</tbody></table></section>`;
 }
 
 // The steps laid out by depth (a step one column right of the deepest step it comes after), edges as lines
@@ -414,4 +424,21 @@ document.getElementById("sign-out").addEventListener("click", event => {
   route();
 });
 window.addEventListener("hashchange", () => { say(""); route(); });
+
+// Live: the page in view is read again every REFRESH_MS while updates are on (the button pauses them), the
+// tab is visible, and the reader is not typing or holding a selection that a redraw would lose.
+const REFRESH_MS = 2000;
+let live = true, refreshing = false;
+const liveToggle = document.getElementById("live-toggle");
+liveToggle.addEventListener("click", () => {
+  live = !live;
+  liveToggle.textContent = live ? "Pause updates" : "Resume updates";
+  liveToggle.setAttribute("aria-pressed", String(live));
+});
+setInterval(async () => {
+  const busy = document.activeElement && ["INPUT", "SELECT", "TEXTAREA"].includes(document.activeElement.tagName);
+  if (!live || refreshing || busy || document.hidden || !token() || view.querySelector("input.pick:checked")) return;
+  refreshing = true;
+  try { await route(); } finally { refreshing = false; }
+}, REFRESH_MS);
 route();
