@@ -64,3 +64,8 @@ def test_workflow_cost_runs(pg_server_url):
 def test_operations_latency_runs(pg_server_url):
     out = _run("operations_latency.py", pg_server_url, "3000")
     assert "beside 3,000 finished jobs" in out and "search, matches nothing" in out and "live workers" in out
+
+
+def test_dashboard_load_runs(pg_server_url):
+    out = _run("dashboard_load.py", pg_server_url, "2", "3", "2000")
+    assert "2 dashboards reading the overview" in out and "of one core" in out
