@@ -590,3 +590,9 @@ class ScheduleList(BaseModel):
     """Every stored schedule."""
 
     items: list[SchedulePublic]
+
+
+class TokenScopes(BaseModel):
+    """What the request's token may do (the dashboard disables the actions a read-only token may not take)."""
+
+    scopes: list[Literal["enqueue", "read", "admin"]]

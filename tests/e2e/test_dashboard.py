@@ -27,6 +27,7 @@ from tests.support import CHROMIUM, CHROMIUM_ARGS, wait_for
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "artifacts" / "screenshots"
 TOKEN = "dashboard-test-admin-token"
+READ_TOKEN = "dashboard-test-read-only-token"
 
 failing = {"on": True}
 
@@ -43,7 +44,7 @@ def server(db_url):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "DATABASE_URL": db_url, "OUTBOXQ_API_TOKENS": f"{TOKEN}:admin", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "DATABASE_URL": db_url, "OUTBOXQ_API_TOKENS": f"{TOKEN}:admin,{READ_TOKEN}:read", "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "outboxq.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
                             env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
@@ -336,5 +337,33 @@ def test_a_queues_page_updates_itself_pauses_on_request_and_follows_the_readers_
         background = page.evaluate("getComputedStyle(document.body).backgroundColor")
         assert background == "rgb(18, 21, 28)", background
         page.screenshot(path=str(SHOTS / "queue-jobs-dark.png"), full_page=True)
+        browser.close()
+    assert console_errors == []
+
+
+def test_a_read_only_token_sees_every_page_with_its_actions_disabled(db_url, server):
+    with psycopg.connect(db_url) as conn:
+        job = enqueue(conn, "ui-readonly", {"n": 1}).id
+        conn.commit()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        page = browser.new_page()
+        console_errors: list[str] = []
+        page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
+        page.goto(server + "/ui/")
+        page.fill("#token", READ_TOKEN)
+        page.click("#sign-in-form button")
+        row = "#queues tr[data-queue='ui-readonly']"
+        page.wait_for_selector(f"{row} button[data-action='pause'][disabled]")
+        assert page.locator(f"{row} button:not([disabled])").count() == 0
+        page.goto(f"{server}/ui/#/jobs/{job}")
+        page.wait_for_selector("#retry-job[disabled]")
+        assert page.get_attribute("#cancel-job", "title") == "needs a token with the admin scope"
+        page.goto(f"{server}/ui/#/jobs?q=queue:ui-readonly")
+        page.wait_for_selector("#search-results tbody input.pick")
+        assert page.is_enabled("#search-form button") and not page.is_enabled("#retry-selected")
+        for view in ("workers", "schedules", "workflows", "spark"):
+            page.goto(f"{server}/ui/#/{view}")
+            page.wait_for_selector(f"#{'spark-batches' if view == 'spark' else view}")
         browser.close()
     assert console_errors == []

@@ -59,6 +59,7 @@ function showSignIn() {
   document.getElementById("sign-in-form").addEventListener("submit", async event => {
     event.preventDefault();
     sessionStorage.setItem("outboxq_token", document.getElementById("token").value.trim());
+    sessionStorage.removeItem("outboxq_scopes");
     try {
       await api("GET", "/v1/queues");
       route();
@@ -397,6 +398,22 @@ async function showSpark() {
 
 // ---------------------------------------------------------------- routing
 
+// A token without the admin scope sees every page with its actions disabled (the API would refuse them).
+async function readOnly() {
+  if (sessionStorage.getItem("outboxq_scopes") === null) {
+    sessionStorage.setItem("outboxq_scopes", (await api("GET", "/v1/me")).scopes.join(","));
+  }
+  return !sessionStorage.getItem("outboxq_scopes").split(",").includes("admin");
+}
+
+function disableActions() {
+  view.querySelectorAll("button").forEach(button => {
+    if (button.closest("form")) return;  // (searching is reading)
+    button.disabled = true;
+    button.title = "needs a token with the admin scope";
+  });
+}
+
 async function route() {
   if (!token()) return showSignIn();
   const [path, query] = location.hash.replace(/^#/, "").split("?");
@@ -412,6 +429,7 @@ async function route() {
     else if (parts[0] === "workflows") await showWorkflows();
     else if (parts[0] === "spark") await showSpark();
     else await showQueues();
+    if (await readOnly()) disableActions();
   } catch (error) {
     if (error.message !== "signed out") view.innerHTML = `<p class="error">Could not load this page: ${esc(error.message)}</p>`;
   }
@@ -420,6 +438,7 @@ async function route() {
 document.getElementById("sign-out").addEventListener("click", event => {
   event.preventDefault();
   sessionStorage.removeItem("outboxq_token");
+  sessionStorage.removeItem("outboxq_scopes");
   say("");
   route();
 });
