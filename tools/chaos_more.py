@@ -233,6 +233,22 @@ class _WorkerScenario(Scenario):
     def finish(self, started: float) -> None:
         self.result.elapsed_s = round(time.monotonic() - started, 1)
 
+    def _produce_under_faults(self, duration_s: float) -> float:
+        """Set up, start the workers, run the scenario's producer (`_produce`) while faults are injected for
+        `duration_s` (at least until the producer ends); when it started (monotonic)."""
+        started = time.monotonic()
+        self.setup()
+        self.start_workers()
+        faults = self.fault_thread()
+        producer = threading.Thread(target=self._produce)
+        faults.start()
+        producer.start()
+        producer.join()
+        self._stop_faults.wait(max(0.0, duration_s - (time.monotonic() - started)))
+        self._stop_faults.set()
+        faults.join()
+        return started
+
 
 # ------------------------------------------------------------------------------------------ periodic
 
@@ -452,17 +468,7 @@ class LimitsScenario(_WorkerScenario):
             conn.close()
 
     def execute(self) -> ScenarioResult:
-        started = time.monotonic()
-        self.setup()
-        self.start_workers()
-        faults = self.fault_thread()
-        producer = threading.Thread(target=self._produce)
-        faults.start()
-        producer.start()
-        producer.join()
-        self._stop_faults.wait(max(0.0, self.more.duration_s - (time.monotonic() - started)))
-        self._stop_faults.set()
-        faults.join()
+        started = self._produce_under_faults(self.more.duration_s)
         deadline = time.monotonic() + self.config.timeout_s
         while time.monotonic() < deadline:
             try:
@@ -633,17 +639,7 @@ class PoisonScenario(_WorkerScenario):
             conn.close()
 
     def execute(self) -> ScenarioResult:
-        started = time.monotonic()
-        self.setup()
-        self.start_workers()
-        faults = self.fault_thread()
-        producer = threading.Thread(target=self._produce)
-        faults.start()
-        producer.start()
-        producer.join()
-        self._stop_faults.wait(max(0.0, self.more.duration_s - (time.monotonic() - started)))
-        self._stop_faults.set()
-        faults.join()
+        started = self._produce_under_faults(self.more.duration_s)
         deadline = time.monotonic() + self.config.timeout_s
         while time.monotonic() < deadline:
             try:
@@ -1017,17 +1013,7 @@ class WorkflowsScenario(_WorkerScenario):
 
     # -- run
     def execute(self) -> ScenarioResult:
-        started = time.monotonic()
-        self.setup()
-        self.start_workers()
-        faults = self.fault_thread()
-        producer = threading.Thread(target=self._produce)
-        faults.start()
-        producer.start()
-        producer.join()
-        self._stop_faults.wait(max(0.0, self.more.workflow_duration_s - (time.monotonic() - started)))
-        self._stop_faults.set()
-        faults.join()
+        started = self._produce_under_faults(self.more.workflow_duration_s)
         self._wait_all_ended()
         self._stop_processes()
         self.finish(started)

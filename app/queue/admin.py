@@ -17,26 +17,28 @@ from outboxq.queue.jobs import Job, JobStatus
 from outboxq.settings import get_settings
 
 
-def _rows(conn: Any, statement: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+def statement_rows(conn: Any, statement: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+    """Run one statement on any connection enqueue accepts (in its transaction, outboxq's tables named in
+    OUTBOXQ_SCHEMA as enqueue names them); its rows as dicts, [] for none."""
     with psycopg_connection(conn).cursor(row_factory=dict_row) as cur:
-        cur.execute(statement, params)
+        cur.execute(sql.qualified(statement, get_settings().db_schema), params)
         return cur.fetchall() if cur.description else []
 
 
 def list_errors(conn: Any, queue: str, *, limit: int = 100) -> list[Job]:
     """Jobs of `queue` in `retrying` or `dead`, with their last error, oldest first."""
     validate_queue_name(queue)
-    return [Job.from_row(r) for r in _rows(conn, sql.queue_list_errors, {"queue": queue, "limit": limit})]
+    return [Job.from_row(r) for r in statement_rows(conn, sql.queue_list_errors, {"queue": queue, "limit": limit})]
 
 
 def error_history(conn: Any, job_id: int) -> list[dict[str, Any]]:
     """Every failed attempt of a job: attempt, error, traceback, failed_at."""
-    return _rows(conn, sql.job_error_history, {"id": job_id})
+    return statement_rows(conn, sql.job_error_history, {"id": job_id})
 
 
 def retry_job(conn: Any, job_id: int) -> Job:
     """Run a retrying, dead or cancelled job again now, whatever its attempts."""
-    if not _rows(conn, sql.job_retry_now, {"id": job_id}):
+    if not statement_rows(conn, sql.job_retry_now, {"id": job_id}):
         job = get_job(conn, job_id)
         if job is None:
             raise JobNotFound(job_id)
@@ -51,14 +53,14 @@ def retry_job(conn: Any, job_id: int) -> Job:
 def retry_queue(conn: Any, queue: str) -> int:
     """Run every retrying and dead job of `queue` again now; returns how many."""
     validate_queue_name(queue)
-    rows = _rows(conn, sql.queue_retry_all_now, {"queue": queue})
+    rows = statement_rows(conn, sql.queue_retry_all_now, {"queue": queue})
     return int(rows[0]["retried"]) if rows else 0
 
 
 def cancel_job(conn: Any, job_id: int) -> Job:
     """Cancel a queued, waiting or retrying job; ask a running one to stop (its handler sees ctx.cancelled); a
     dead one becomes cancelled (which lets the next job of its sequence run)."""
-    if not _rows(conn, sql.job_cancel, {"id": job_id}):
+    if not statement_rows(conn, sql.job_cancel, {"id": job_id}):
         job = get_job(conn, job_id)
         if job is None:
             raise JobNotFound(job_id)
@@ -71,7 +73,7 @@ def cancel_job(conn: Any, job_id: int) -> Job:
 def set_paused(conn: Any, queue: str, paused: bool) -> None:
     """Pause (workers stop claiming from it) or resume a queue; the state is stored, so it survives restarts."""
     validate_queue_name(queue)
-    _rows(conn, sql.queue_set_paused, {"queue": queue, "paused": paused})
+    statement_rows(conn, sql.queue_set_paused, {"queue": queue, "paused": paused})
 
 
 def pause_queue(conn: Any, queue: str) -> None:
@@ -114,7 +116,7 @@ def queue_counts(conn: Any) -> list[QueueInfo]:
     """Every known queue with its counts per status (every status present, zero when none): unfinished jobs
     all, finished ones (done, dead, cancelled) those of the last FINISHED_COUNTS_WINDOW_S seconds."""
     out = []
-    for r in _rows(conn, sql.queue_counts, {"finished_window_s": FINISHED_COUNTS_WINDOW_S}):
+    for r in statement_rows(conn, sql.queue_counts, {"finished_window_s": FINISHED_COUNTS_WINDOW_S}):
         counts = {s.value: 0 for s in JobStatus}
         counts.update({k: int(v) for k, v in (r["counts"] or {}).items()})
         out.append(QueueInfo(r["queue"], r["paused"], r["failing_since"], counts))
@@ -157,7 +159,7 @@ def retry_stats(conn: Any, *, age_days: float = 1.0, queue: str | None = None,
     """Per queue, over jobs finished in the last `age_days`: ok, retries, dead, and the retry percentage."""
     if queue is not None:
         validate_queue_name(queue)
-    rows = _rows(conn, sql.stats_retries, {"since": _since(age_days, now), "queue": queue})
+    rows = statement_rows(conn, sql.stats_retries, {"since": _since(age_days, now), "queue": queue})
     for r in rows:
         attempts = int(r["ok"]) + int(r["dead"]) + int(r["retries"])
         r["retry_percentage"] = round(100.0 * int(r["retries"]) / attempts, 2) if attempts else 0.0
@@ -169,7 +171,7 @@ def processing_time_stats(conn: Any, *, age_days: float = 1.0, queue: str | None
     """Per queue: avg, min, max, p50, p90, p95, p99 of the successful attempts' processing time, in ms."""
     if queue is not None:
         validate_queue_name(queue)
-    rows = _rows(conn, sql.stats_processing_time, {"since": _since(age_days, now), "queue": queue})
+    rows = statement_rows(conn, sql.stats_processing_time, {"since": _since(age_days, now), "queue": queue})
     return [{k: (float(v) if k.endswith("_ms") and v is not None else v) for k, v in r.items()} for r in rows]
 
 
@@ -193,7 +195,7 @@ class HealthMonitor:
         """{"healthy": bool, "queues_in_error": [{"queue", "failing_since", "consecutive_failures"}]}."""
         now = now or datetime.now(UTC)
         in_grace = ((monotonic_now or time.monotonic()) - self.started_at) < self.startup_grace_s
-        failing = _rows(conn, sql.queue_failing, {})
+        failing = statement_rows(conn, sql.queue_failing, {})
         too_long = [
             r for r in failing
             if (now - r["failing_since"]).total_seconds() > self.healthy_allowed_error_time_s
@@ -220,7 +222,7 @@ def throughput(conn: Any, *, minutes: int = 60, queue: str | None = None,
     """Per minute over the last `minutes`: jobs done and attempts failed (every minute present)."""
     if queue is not None:
         validate_queue_name(queue)
-    rows = _rows(conn, sql.stats_throughput,
+    rows = statement_rows(conn, sql.stats_throughput,
                  {"now": now or datetime.now(UTC), "minutes": minutes, "queue": queue})
     return [{"minute": r["minute"].isoformat(), "done": int(r["done"]), "failed": int(r["failed"])} for r in rows]
 
@@ -228,7 +230,7 @@ def throughput(conn: Any, *, minutes: int = 60, queue: str | None = None,
 def job_dependencies(conn: Any, job_id: int) -> dict[str, list[dict[str, Any]]]:
     """{"depends_on": [...], "dependents": [...]}: id, queue, key, status of each related job."""
     out: dict[str, list[dict[str, Any]]] = {"depends_on": [], "dependents": []}
-    for r in _rows(conn, sql.job_dependencies_of, {"id": job_id}):
+    for r in statement_rows(conn, sql.job_dependencies_of, {"id": job_id}):
         out[r.pop("direction")].append(r)
     return out
 
@@ -238,4 +240,4 @@ def live_workers(conn: Any, limit: int = 1000, lapse_s: float | None = None) -> 
     from its heartbeat): id, host, pid, version, queues (with their limits), concurrency, jobs in flight, started
     and last seen."""
     lapse_s = get_settings().worker_lapse_s if lapse_s is None else lapse_s
-    return _rows(conn, sql.worker_list_live, {"lapse_s": lapse_s, "limit": limit})
+    return statement_rows(conn, sql.worker_list_live, {"lapse_s": lapse_s, "limit": limit})

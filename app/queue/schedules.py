@@ -11,7 +11,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from outboxq.errors import ScheduleNotFound
-from outboxq.queue.enqueue import Statement, _run_plan, enqueue
+from outboxq.queue.admin import statement_rows
+from outboxq.queue.enqueue import enqueue
 from outboxq.queue.jobs import Job
 from outboxq.queue.sql import schedules as schedules_sql
 
@@ -24,38 +25,30 @@ def _public(row: dict[str, Any]) -> dict[str, Any]:
             "last_job_id": row["last_job_id"], "last_job_status": row["last_job_status"], "paused": row["paused"]}
 
 
-def _rows_plan(name: str | None) -> Any:
-    return (yield Statement(schedules_sql.schedule_list, {"name": name}))
-
-
 def list_schedules(conn: Any) -> list[dict[str, Any]]:
     """Every stored schedule: name, queue, cron or every_s, time zone, missed policy, last and next slot, the
     last slot's job and its status, paused."""
-    return [_public(r) for r in _run_plan(conn, _rows_plan(None))]
+    return [_public(r) for r in statement_rows(conn, schedules_sql.schedule_list, {"name": None})]
+
+
+def get_schedule(conn: Any, name: str) -> dict[str, Any]:
+    """One stored schedule, as list_schedules gives it; ScheduleNotFound when none has that name."""
+    found = statement_rows(conn, schedules_sql.schedule_list, {"name": name})
+    if not found:
+        raise ScheduleNotFound(f"no schedule is named {name!r}")
+    return _public(found[0])
 
 
 def run_now(conn: Any, name: str) -> Job:
     """Enqueue one job of the schedule now, in `conn`'s transaction (its key says it was run by hand)."""
-    rows = _run_plan(conn, _rows_plan(name))
-    if not rows:
+    found = statement_rows(conn, schedules_sql.schedule_payload, {"name": name})
+    if not found:
         raise ScheduleNotFound(f"no schedule is named {name!r}")
-    payload = _run_plan(conn, _payload_plan(name))
     key = f"periodic:{name}:manual:{datetime.now(UTC):%Y-%m-%dT%H:%M:%SZ}:{uuid.uuid4().hex[:8]}"
-    return enqueue(conn, rows[0]["queue"], payload, key=key)
-
-
-def _payload_plan(name: str) -> Any:
-    row = yield Statement(schedules_sql.schedule_payload, {"name": name}, rows="one")
-    return row["payload"]
+    return enqueue(conn, found[0]["queue"], found[0]["payload"], key=key)
 
 
 def set_paused(conn: Any, name: str, paused: bool) -> None:
     """Pause (no slot is enqueued) or resume (the missed policy decides about the slots passed meanwhile)."""
-    row = _run_plan(conn, _pause_plan(name, paused))
-    if row is None:
+    if not statement_rows(conn, schedules_sql.schedule_set_paused, {"name": name, "paused": paused}):
         raise ScheduleNotFound(f"no schedule is named {name!r}")
-
-
-def _pause_plan(name: str, paused: bool) -> Any:
-    return (yield Statement(schedules_sql.schedule_set_paused, {"name": name, "paused": paused}, rows="one"))
-

@@ -25,6 +25,7 @@ from typing import Any
 from outboxq.errors import InvalidInput, InvalidTransition, InvalidWorkflow, WorkflowNotFound
 from outboxq.queue import context as job_context
 from outboxq.queue import sql
+from outboxq.queue.admin import statement_rows
 from outboxq.queue.enqueue import (
     PRIORITY_RANGE,
     Plan,
@@ -253,16 +254,12 @@ def list_workflows(conn: Any, *, limit: int = 50, before: int | None = None) -> 
     """The newest workflows (ids below `before`, for the next page): id, name, status, steps and their counts."""
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
         raise InvalidInput("limit must be an integer from 1 to 1000")
-    rows = _run_plan(conn, _rows_plan(sql.workflow_list, {"limit": limit, "before": before}))
+    rows = statement_rows(conn, sql.workflow_list, {"limit": limit, "before": before})
     return [{"id": r["id"], "name": r["name"],
              "status": workflow_status(cancelled=r["cancelled_at"] is not None, unfinished=r["unfinished"],
                                        dead=r["dead"], cancelled_steps=r["cancelled"]),
              "steps": r["steps"], "done": r["done"], "dead": r["dead"], "cancelled": r["cancelled"],
              "unfinished": r["unfinished"], "created_at": r["created_at"].isoformat()} for r in rows]
-
-
-def _rows_plan(text: str, params: dict[str, Any]) -> Plan:
-    return (yield Statement(text, params))
 
 
 def cancel_workflow(conn: Any, workflow_id: int) -> int:

@@ -63,6 +63,17 @@ def _answers(url):
         return False
 
 
+def _signed_in(browser, server, token=TOKEN, **page_options):
+    """A new page of the dashboard signed in with `token`, and the console errors it logs from then on."""
+    page = browser.new_page(**page_options)
+    console_errors: list[str] = []
+    page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
+    page.goto(server + "/ui/")
+    page.fill("#token", token)
+    page.click("#sign-in-form button")
+    return page, console_errors
+
+
 def status_of(db_url, job_id):
     with psycopg.connect(db_url) as c:
         return get_job(c, job_id).status
@@ -199,13 +210,8 @@ def test_a_workflow_is_drawn_with_each_steps_state_and_cancelled_from_its_page(d
     TestQueue(db_url).run_one("ui-wf-fetch")
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        page = browser.new_page()
-        console_errors: list[str] = []
-        page.on("console", lambda message: console_errors.append(message.text) if message.type == "error" else None)
+        page, console_errors = _signed_in(browser, server)
         page.on("dialog", lambda dialog: dialog.accept())
-        page.goto(server + "/ui/")
-        page.fill("#token", TOKEN)
-        page.click("#sign-in-form button")
         page.wait_for_selector("#queues")
         page.click("nav a[href='#/workflows']")
         page.wait_for_selector(f"#workflows a[href='#/workflows/{workflow_id}']")
@@ -251,14 +257,9 @@ def test_search_with_qualifiers_selects_and_retries_and_the_workers_and_schedule
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-            page = browser.new_page()
-            console_errors: list[str] = []
-            page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
+            page, console_errors = _signed_in(browser, server)
             confirmations: list[str] = []
             page.on("dialog", lambda dialog: (confirmations.append(dialog.message), dialog.accept()))
-            page.goto(server + "/ui/")
-            page.fill("#token", TOKEN)
-            page.click("#sign-in-form button")
             page.wait_for_selector("#queues")
             page.goto(server + "/ui/#/jobs")
             page.wait_for_selector("#search")
@@ -308,12 +309,7 @@ def test_a_queues_page_updates_itself_pauses_on_request_and_follows_the_readers_
         conn.commit()
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        page = browser.new_page(color_scheme="dark")
-        console_errors: list[str] = []
-        page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
-        page.goto(server + "/ui/")
-        page.fill("#token", TOKEN)
-        page.click("#sign-in-form button")
+        page, console_errors = _signed_in(browser, server, color_scheme="dark")
         page.wait_for_selector("#queues")
         page.goto(server + "/ui/#/queues/ui-live")
         page.wait_for_selector("#jobs tbody tr td a")
@@ -347,12 +343,7 @@ def test_a_read_only_token_sees_every_page_with_its_actions_disabled(db_url, ser
         conn.commit()
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        page = browser.new_page()
-        console_errors: list[str] = []
-        page.on("console", lambda m: console_errors.append(m.text) if m.type == "error" else None)
-        page.goto(server + "/ui/")
-        page.fill("#token", READ_TOKEN)
-        page.click("#sign-in-form button")
+        page, console_errors = _signed_in(browser, server, READ_TOKEN)
         row = "#queues tr[data-queue='ui-readonly']"
         page.wait_for_selector(f"{row} button[data-action='pause'][disabled]")
         assert page.locator(f"{row} button:not([disabled])").count() == 0

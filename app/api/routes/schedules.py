@@ -39,8 +39,7 @@ def run_schedule(name: ScheduleName, pool: PoolDep) -> JSONResponse:
 def _paused(name: str, pool: PoolDep, paused: bool) -> JSONResponse:
     with transaction(pool) as conn:
         schedules.set_paused(conn, name, paused)
-        [row] = [s for s in schedules.list_schedules(conn) if s["name"] == name]
-    return JSONResponse(jsonable_encoder(row))
+        return JSONResponse(jsonable_encoder(schedules.get_schedule(conn, name)))
 
 
 @router.post("/v1/schedules/{name}/pause", response_model=SchedulePublic, **scoped("admin"),

@@ -49,4 +49,4 @@ UPDATE outboxq_schedules SET paused = %(paused)s, updated_at = now() WHERE name 
 RETURNING name
 """
 
-schedule_payload = "SELECT payload FROM outboxq_schedules WHERE name = %(name)s"
+schedule_payload = "SELECT queue, payload FROM outboxq_schedules WHERE name = %(name)s"
