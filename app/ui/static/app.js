@@ -16,7 +16,12 @@ function say(message, isError = false) {
   flash.className = isError ? "error" : "";
 }
 
+// Each route() starts a new render; a read answered after a newer render began is dropped ("stale"), so a slow
+// answer for the page the reader left (or a live refresh of it) never paints over the page they went to.
+let renderSeq = 0;
+
 async function api(method, path, body) {
+  const started = renderSeq;
   const headers = {"Authorization": "Bearer " + token()};
   if (body !== undefined) headers["Content-Type"] = "application/json";
   if (method === "POST") headers["Idempotency-Key"] = crypto.randomUUID ? crypto.randomUUID() : String(Math.random());
@@ -24,6 +29,7 @@ async function api(method, path, body) {
   const data = response.status === 204 ? null : await response.json().catch(() => null);
   if (response.status === 401) { sessionStorage.removeItem("outboxq_token"); route(); throw new Error("signed out"); }
   if (!response.ok) throw new Error((data && data.error && data.error.message) || response.statusText);
+  if (method === "GET" && started !== renderSeq) throw new Error("stale");
   return data;
 }
 
@@ -269,7 +275,7 @@ async function showSearch(params) {
         ${marker ? `<a href="${here}">First page</a>` : ""}
         ${page.next_marker ? `<a id="next-results" href="${here}&marker=${encodeURIComponent(page.next_marker)}">Next page</a>` : ""}
       </div>
-      <table id="search-results"><thead><tr><th></th><th>id</th><th>queue</th><th>key</th><th>status</th><th>attempts</th><th>created</th><th>last error</th></tr></thead>
+      <table id="search-results" data-q="${esc(text)}"><thead><tr><th></th><th>id</th><th>queue</th><th>key</th><th>status</th><th>attempts</th><th>created</th><th>last error</th></tr></thead>
       <tbody>${rows || `<tr><td colspan="8">No job matches.</td></tr>`}</tbody></table>
     </section>`;
   document.getElementById("search-form").addEventListener("submit", event => {
@@ -415,6 +421,7 @@ function disableActions() {
 }
 
 async function route() {
+  renderSeq += 1;
   if (!token()) return showSignIn();
   const [path, query] = location.hash.replace(/^#/, "").split("?");
   const params = new URLSearchParams(query || "");
@@ -431,7 +438,7 @@ async function route() {
     else await showQueues();
     if (await readOnly()) disableActions();
   } catch (error) {
-    if (error.message !== "signed out") view.innerHTML = `<p class="error">Could not load this page: ${esc(error.message)}</p>`;
+    if (!["signed out", "stale"].includes(error.message)) view.innerHTML = `<p class="error">Could not load this page: ${esc(error.message)}</p>`;
   }
 }
 
