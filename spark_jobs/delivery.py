@@ -194,15 +194,17 @@ def claim_snapshot(
     lease_s: float,
     default_max_attempts: int,
     on_step: StepHook = _no_hook,
+    id_to: int | None = None,
 ) -> Snapshot | None:
-    """Claim up to batch_size due jobs under one lease and commit their snapshot; None when none are due."""
+    """Claim up to batch_size due jobs (with ids up to id_to, when given) under one lease and commit their
+    snapshot; None when none are due."""
     validate_output_table(output_table)
     lease_token = uuid.uuid4()
     with conn.transaction():
         _check_epoch(conn, driver_id, epoch)
-        rows = _execute(conn, spark_sql.spark_jobs_claim, {
+        rows = _execute(conn, spark_sql.spark_jobs_claim if id_to is None else spark_sql.spark_jobs_claim_up_to, {
             "queue": queue, "limit": batch_size, "lease_token": lease_token, "lease_s": lease_s,
-            "worker_id": driver_id, "default_max_attempts": default_max_attempts,
+            "worker_id": driver_id, "default_max_attempts": default_max_attempts, "id_to": id_to,
         }).fetchall()
         if not rows:
             return None
@@ -300,18 +302,19 @@ def _postgres_value(value: Any, postgres_type: str) -> Any:
     if value is None:
         return None
     if postgres_type == "jsonb":
-        return Jsonb(_plain(value))
+        return Jsonb(plain_value(value))
     return value
 
 
-def _plain(value: Any) -> Any:
+def plain_value(value: Any) -> Any:
+    """A value as JSON can carry it: Spark rows and mappings as objects, bytes as hex, times as ISO text."""
     as_dict = getattr(value, "asDict", None)
     if callable(as_dict):  # a Spark Row (struct)
         value = as_dict(recursive=True)
     if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): plain_value(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        return [plain_value(v) for v in value]
     if isinstance(value, bytes | bytearray):
         return value.hex()
     if hasattr(value, "isoformat"):
@@ -388,7 +391,7 @@ def deliver(
         rows_written = 0
         if columns:  # no columns: every job failed, there is nothing to write (nor a table to create)
             ensure_output_table(conn, snapshot.output_table, columns, results_schema)
-            rows_written = _copy_results(conn, pgsql.Identifier(results_schema, snapshot.output_table),
+            rows_written = copy_results(conn, pgsql.Identifier(results_schema, snapshot.output_table),
                                          columns, rows, snapshot.delivery_hash)
         _execute(conn, spark_sql.spark_snapshot_mark_delivered, {
             "id": snapshot.id, "lease_token": snapshot.lease_token,
@@ -411,7 +414,7 @@ def deliver(
     return DeliveryResult(snapshot.id, snapshot.delivery_hash, rows_written, len(completed), failed_count)
 
 
-def _copy_results(conn: DictConnection, table: pgsql.Identifier, columns: Sequence[tuple[str, str]],
+def copy_results(conn: DictConnection, table: pgsql.Identifier, columns: Sequence[tuple[str, str]],
                   rows: Iterable[Sequence[Any]] | Any, hash_: str) -> int:
     """COPY the result rows, each with the delivery hash, into the output table; how many were written.
 

@@ -331,6 +331,25 @@ spark_snapshots = Table(
 Index("outboxq_spark_snapshots_pending_idx", spark_snapshots.c.processor_id,
       postgresql_where=text("state = 'claimed'"))
 
+# A Spark streaming query reading a queue through the "outboxq" data source (spark_jobs.datasource): its
+# micro-batches are snapshots of processor "stream:<name>"; the row says where it runs and how far it got.
+spark_streams = Table(
+    "outboxq_spark_streams",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("queue", Text, nullable=False),
+    Column("application_id", Text),
+    Column("host", Text, nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("epoch", BigInteger, nullable=False),
+    Column("micro_batches", BigInteger, nullable=False, server_default=text("0")),
+    Column("jobs_read", BigInteger, nullable=False, server_default=text("0")),
+    Column("lease_renewals", BigInteger, nullable=False, server_default=text("0")),
+    Column("started_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("last_seen_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("stopped_at", DateTime(timezone=True)),
+)
+
 spark_batches = Table(
     "outboxq_spark_batches",
     metadata,

@@ -54,20 +54,25 @@ _ROW_JSON = (
 
 # Due jobs of a queue (fresh ones first, in the worker's claim order), locked with SKIP LOCKED so that
 # concurrent processors never claim the same job; a paused queue gives nothing.
-spark_jobs_claim = f"""
+_SPARK_JOBS_CLAIM = """
 WITH picked AS (
     SELECT id FROM outboxq_jobs
-    WHERE queue = %(queue)s AND status IN ('queued', 'retrying') AND run_at <= now()
+    WHERE queue = %(queue)s AND status IN ('queued', 'retrying') AND run_at <= now(){also}
       AND NOT EXISTS (SELECT 1 FROM outboxq_queues q WHERE q.queue = %(queue)s AND q.paused)
     ORDER BY status = 'retrying', priority, run_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
 UPDATE outboxq_jobs j
-{job_sql.CLAIM_SET}
+{claim_set}
 WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
-RETURNING j.id, j.queue, j.attempts, j.max_attempts, {_ROW_JSON}
+RETURNING j.id, j.queue, j.attempts, j.max_attempts, {row_json}
 """
+spark_jobs_claim = _SPARK_JOBS_CLAIM.format(also="", claim_set=job_sql.CLAIM_SET, row_json=_ROW_JSON)
+# The same among the jobs with ids up to id_to: a streaming query run with Trigger.AvailableNow reads the jobs
+# there were when it started, not those enqueued while it runs.
+spark_jobs_claim_up_to = _SPARK_JOBS_CLAIM.format(also=" AND id <= %(id_to)s", claim_set=job_sql.CLAIM_SET,
+                                                  row_json=_ROW_JSON)
 
 # The snapshot of a claimed batch, committed before processing. A snapshot of the same hash that failed
 # before (the same jobs claimed together again after a failure) is taken over; a delivered one is not,
