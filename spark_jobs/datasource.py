@@ -67,6 +67,10 @@ STREAM_SNAPSHOT_TABLE = "spark_stream"
 NAME_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
 # Options Spark itself passes to a data source with the user's: not ours to check.
 SPARK_OWN_OPTIONS = frozenset({"path", "checkpointlocation", "queryname"})
+# Spark hands options over in lower case: the names as the documentation spells them, for error messages.
+OPTION_NAMES = {"maxjobspertrigger": "maxJobsPerTrigger", "numpartitions": "numPartitions",
+                "leaseseconds": "leaseSeconds", "enqueuequeue": "enqueueQueue", "errorcolumn": "errorColumn",
+                "resultsschema": "resultsSchema"}
 
 
 class SourceOptions(BaseModel):
@@ -83,7 +87,7 @@ class SourceOptions(BaseModel):
     num_partitions: int = Field(default=2, alias="numpartitions", ge=1, le=1_000)
     lease_seconds: float = Field(default_factory=lambda: get_settings().spark_lease_s, alias="leaseseconds",
                                  gt=0, le=86_400)
-    table: str | None = Field(default=None, pattern=delivery.OUTPUT_TABLE_PATTERN.pattern)
+    table: str | None = Field(default=None, pattern=f"^{delivery.OUTPUT_TABLE_PATTERN.pattern}$")
     enqueue_queue: str | None = Field(default=None, alias="enqueuequeue", pattern=NAME_PATTERN)
     error_column: str = Field(default="_error", alias="errorcolumn", min_length=1)
     results_schema: str = Field(default_factory=lambda: get_settings().spark_results_schema,
@@ -104,18 +108,9 @@ class SourceOptions(BaseModel):
         try:
             return cls.model_validate(raw)
         except ValidationError as exc:
-            problems = "; ".join(
-                f"option {'.'.join(str(p) for p in error['loc']) or 'options'}: {error['msg']}"
-                for error in exc.errors())
-            known = ", ".join(sorted(cls._spark_names()))
-            raise InvalidInput(f"outboxq data source: {problems} (options: {known})") from None
-
-    @classmethod
-    def _spark_names(cls) -> list[str]:
-        names = {"maxjobspertrigger": "maxJobsPerTrigger", "numpartitions": "numPartitions",
-                 "leaseseconds": "leaseSeconds", "enqueuequeue": "enqueueQueue", "errorcolumn": "errorColumn",
-                 "resultsschema": "resultsSchema"}
-        return [names.get(f.alias or n, f.alias or n) for n, f in cls.model_fields.items()]
+            problems = "; ".join(_problem(error) for error in exc.errors())
+            known = ", ".join(sorted(OPTION_NAMES.get(f.alias or n, f.alias or n) for n, f in cls.model_fields.items()))
+            raise InvalidInput(f"outboxq data source: {problems} (its options: {known})") from None
 
     def required_queue(self) -> str:
         """The queue to read, or InvalidInput."""
@@ -127,6 +122,13 @@ class SourceOptions(BaseModel):
     def stream_name(self) -> str:
         """The streaming query's identity (its snapshots' processor and driver id)."""
         return self.name or self.required_queue()
+
+
+def _problem(error: Any) -> str:
+    where = ".".join(OPTION_NAMES.get(str(part), str(part)) for part in error["loc"])
+    if error["type"] == "extra_forbidden":
+        return f"{where!r} is not an option of this format"
+    return f"option {where}: {error['msg']}" if where else error["msg"].removeprefix("Value error, ")
 
 
 class OutboxqDataSource(DataSource):
@@ -268,6 +270,8 @@ class BatchReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[tuple]:
         """The jobs of one id range."""
+        if partition.value is None:  # Spark reads one empty partition where partitions() gave none
+            return
         low, high = partition.value
         params = {"queue": self.options.queue, **self.pushed.params(), "low": low, "high": high}
         with connect(self.options.url) as conn, conn.cursor(row_factory=psycopg.rows.tuple_row) as cur:
@@ -354,6 +358,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """The end of the next micro-batch: a snapshot claimed before Spark recorded it, or a new claim."""
         state = self._started()
         since = int(start.get("snapshot", 0))
+        # Spark asks for the next micro-batch once the ones up to start are written (and recorded in its
+        # commit log): settle them now, not only at commit(), which Spark calls for the last micro-batch only
+        # when a next one comes (never, when a query run with Trigger.AvailableNow ends).
+        settle_stream(state.conn, self.processor_id, since)
         with state.conn.transaction():
             unread = state.conn.execute(stream_sql.spark_stream_unread_snapshot,
                                         {"processor_id": self.processor_id, "start": since}).fetchone()
@@ -434,6 +442,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[tuple]:
         """One piece of a snapshot: its jobs as they are now (a replay reads the same jobs)."""
+        if partition.value is None:
+            return
         hash_, ids = partition.value
         with connect(self.options.url) as conn, conn.cursor(row_factory=psycopg.rows.tuple_row) as cur:
             yield from cur.execute(stream_sql.spark_stream_read_jobs, {"ids": ids, "delivery_hash": hash_})
