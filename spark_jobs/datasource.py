@@ -22,6 +22,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -67,6 +68,9 @@ STREAM_SNAPSHOT_TABLE = "spark_stream"
 NAME_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
 # Options Spark itself passes to a data source with the user's: not ours to check.
 SPARK_OWN_OPTIONS = frozenset({"path", "checkpointlocation", "queryname"})
+# How often a running stream says it is alive (outboxq_spark_streams.last_seen_at): well within the lapse
+# after which operators see it as stopped (stream_sql.STREAM_LAPSE_S).
+HEARTBEAT_S = 10.0
 # Spark hands options over in lower case: the names as the documentation spells them, for error messages.
 OPTION_NAMES = {"maxjobspertrigger": "maxJobsPerTrigger", "numpartitions": "numPartitions",
                 "leaseseconds": "leaseSeconds", "enqueuequeue": "enqueueQueue", "errorcolumn": "errorColumn",
@@ -405,7 +409,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {"readyJobs": int(row["ready"]) if row else 0, "leaseRenewals": state.renewals}
 
     def stop(self) -> None:
-        """The query stopped: stop renewing (the leases lapse unless it restarts) and say so."""
+        """The query stopped: stop renewing (the leases lapse unless it restarts) and say so. Spark may end the
+        reader's process before this runs: operators then see the stream stopped once its heartbeat lapses."""
         if self._state is None:
             return
         state, self._state = self._state, None
@@ -427,12 +432,18 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 "jobs": jobs, "renewals": renewals})
 
     def _renew_leases(self, state: StreamState) -> None:
-        # Its own connection: the Spark-facing calls use the reader's. It never dies on a database error: the
-        # next round tries again, and a lapsed lease only means the replayed jobs are not written twice.
-        while not state.stop.wait(self.options.lease_seconds / 3):
+        # Its own connection: the Spark-facing calls use the reader's. A heartbeat every HEARTBEAT_S (the
+        # operators' "running"), the leases every leaseSeconds/3. It never dies on a database error: the next
+        # round tries again, and a lapsed lease only means the replayed jobs are not written twice.
+        renew_every = self.options.lease_seconds / 3
+        last_renewal = time.monotonic()
+        while not state.stop.wait(min(HEARTBEAT_S, renew_every)):
             try:
                 with connect(self.options.url) as conn:
-                    renewed = renew_stream_leases(conn, self.processor_id, self.options.lease_seconds)
+                    renewed = 0
+                    if time.monotonic() - last_renewal >= renew_every * 0.99:
+                        renewed = renew_stream_leases(conn, self.processor_id, self.options.lease_seconds)
+                        last_renewal = time.monotonic()
                     state.renewals += renewed
                     self._progress(state, renewals=renewed, conn=conn)
             except Exception as exc:  # noqa: BLE001 - logged; the thread must outlive any one failure

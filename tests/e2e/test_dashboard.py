@@ -163,6 +163,7 @@ def test_dashboard_shows_queues_retries_a_failed_job_and_pauses_a_queue(db_url, 
             page.screenshot(path=str(SHOTS / "queue-jobs.png"), full_page=True)
             page.goto(server + "/ui/#/spark")
             page.wait_for_selector("#spark-batches")
+            assert "No streaming query has read outboxq yet." in page.inner_text("#spark-streams")
             browser.close()
     finally:
         worker.stop(timeout=5)

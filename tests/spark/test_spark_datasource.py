@@ -23,6 +23,7 @@ from outboxq.errors import InvalidInput
 from outboxq.spark_jobs import delivery, register
 from outboxq.spark_jobs.datasource import SourceOptions, StreamReader
 from outboxq.spark_jobs.sink import write_partition
+from tests.api_support import api_client, auth
 from tests.spark_stream_driver import orders_stream
 from tests.spark_support import RESULTS, enqueue_orders, order_payloads, statuses, table_rows
 from tests.support import wait_for
@@ -138,6 +139,9 @@ def test_two_queries_on_one_queue_share_it_without_a_job_in_both(db_url, spark, 
                for name in ("left", "right")]
     try:
         wait_for(lambda: statuses(db_url, "ds-shared") == {"done": 1000}, timeout=180, interval=0.2)
+        with api_client(db_url, scope=None) as api:  # what operators see while they run: the route and metrics
+            listed = api.get("/v1/spark/streams", headers=auth("read")).json()["items"]
+            metrics = api.get("/metrics", headers=auth("read")).text
     finally:
         for query in queries:
             query.stop()
@@ -149,6 +153,11 @@ def test_two_queries_on_one_queue_share_it_without_a_job_in_both(db_url, spark, 
     assert [(name, app) for name, app, _ in streams] == [("left", spark.sparkContext.applicationId),
                                                          ("right", spark.sparkContext.applicationId)]
     assert sum(jobs for _, _, jobs in streams) == 1000
+    assert {(s["name"], s["queue"], s["application_id"], s["running"], s["lag"]) for s in listed} == {
+        (name, "ds-shared", spark.sparkContext.applicationId, True, 0) for name in ("left", "right")}
+    read = [float(line.split()[-1]) for line in metrics.splitlines()
+            if line.startswith("outboxq_spark_stream_jobs_read_total{")]
+    assert sum(read) == 1000 and 'outboxq_spark_stream_running{queue="ds-shared",stream="right"} 1.0' in metrics
 
 
 def test_a_poison_payload_fails_alone_and_filtered_out_jobs_are_done(db_url, spark, tmp_path):

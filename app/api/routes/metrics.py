@@ -12,13 +12,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from outboxq.api.auth import check
 from outboxq.api.deps import PoolDep, transaction
 from outboxq.api.errors import error_responses
 from outboxq.api.routing import OutboxqRoute, api_state
 from outboxq.queue import limits, sql
+from outboxq.queue.sql import spark_stream as stream_sql
 
 router = APIRouter(tags=["metrics"], route_class=OutboxqRoute)
 
@@ -30,8 +31,9 @@ class QueueSnapshot:
 
     def __init__(self, counts: list[dict[str, Any]], lag: list[dict[str, Any]], states: list[dict[str, Any]],
                  limit_usage: list[dict[str, Any]] | None = None, limit_keys: list[dict[str, Any]] | None = None,
-                 *, key_labels: bool = False):
+                 *, key_labels: bool = False, streams: list[dict[str, Any]] | None = None):
         self.counts, self.lag, self.states = counts, lag, states
+        self.streams = streams or []
         self.limit_usage = limit_usage or []
         self.limit_keys = limit_keys or []
         self.key_labels = key_labels
@@ -63,6 +65,27 @@ class QueueSnapshot:
         yield paused
         yield failing
         yield from self._limit_families()
+        yield from self._stream_families()
+
+    def _stream_families(self) -> Iterator[Metric]:
+        """Spark streaming queries reading outboxq (format "outboxq"), by stream name and queue."""
+        labels = ["stream", "queue"]
+        running = GaugeMetricFamily("outboxq_spark_stream_running", "1 while the streaming query is running",
+                                    labels=labels)
+        ready = GaugeMetricFamily("outboxq_spark_stream_ready_jobs", "Jobs of the stream's queue ready to read (lag)",
+                                  labels=labels)
+        batches = CounterMetricFamily("outboxq_spark_stream_micro_batches", "Micro-batches claimed", labels=labels)
+        jobs = CounterMetricFamily("outboxq_spark_stream_jobs_read", "Jobs claimed by micro-batches", labels=labels)
+        renewals = CounterMetricFamily("outboxq_spark_stream_lease_renewals", "Micro-batch leases renewed",
+                                       labels=labels)
+        for r in self.streams:
+            names = [r["name"], r["queue"]]
+            running.add_metric(names, 1 if r["running"] else 0)
+            ready.add_metric(names, r["lag"])
+            batches.add_metric(names, r["micro_batches"])
+            jobs.add_metric(names, r["jobs_read"])
+            renewals.add_metric(names, r["lease_renewals"])
+        yield from (running, ready, batches, jobs, renewals)
 
     def _limit_families(self) -> Iterator[Metric]:
         """Flow control: each limited queue's limits and their use (limits.usage); the busiest keys by name only
@@ -123,7 +146,9 @@ def metrics(request: Request, pool: PoolDep) -> Response:
                                  conn.execute(sql.metrics_queue_states).fetchall(),
                                  limits.usage(conn),
                                  conn.execute(sql.metrics_limit_keys_running).fetchall(),
-                                 key_labels=settings.metrics_key_labels)
+                                 key_labels=settings.metrics_key_labels,
+                                 streams=conn.execute(stream_sql.spark_stream_list,
+                                                      {"limit": 500, "lapse_s": stream_sql.STREAM_LAPSE_S}).fetchall())
     registry = CollectorRegistry()
     registry.register(snapshot)
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

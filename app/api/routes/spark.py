@@ -15,6 +15,7 @@ from outboxq.api.routing import OutboxqRoute
 from outboxq.api.schemas import SparkBatchCreate, SparkBatchCreated
 from outboxq.db import one_row
 from outboxq.queue.sql import spark as spark_sql
+from outboxq.queue.sql import spark_stream as stream_sql
 
 router = APIRouter(tags=["spark"], route_class=OutboxqRoute)
 
@@ -35,6 +36,16 @@ def list_spark_batches(pool: PoolDep, limit: Annotated[int, Query(ge=1, le=500)]
     """The latest Spark batches, newest first, with their state and counts."""
     with transaction(pool) as conn:
         rows = conn.execute(spark_sql.spark_batch_list, {"limit": limit}).fetchall()
+    return JSONResponse({"items": jsonable_encoder([dict(r) for r in rows])})
+
+
+@router.get("/v1/spark/streams", **scoped("read"), responses=error_responses(401, 403, 422))
+def list_spark_streams(pool: PoolDep, limit: Annotated[int, Query(ge=1, le=500)] = 100) -> JSONResponse:
+    """Spark streaming queries reading outboxq (format "outboxq"): running ones first, each with its Spark
+    application id, host and pid, micro-batches, jobs read, lease renewals and its queue's ready jobs (lag)."""
+    with transaction(pool) as conn:
+        rows = conn.execute(stream_sql.spark_stream_list,
+                            {"limit": limit, "lapse_s": stream_sql.STREAM_LAPSE_S}).fetchall()
     return JSONResponse({"items": jsonable_encoder([dict(r) for r in rows])})
 
 

@@ -122,6 +122,10 @@ UPDATE outboxq_spark_streams SET stopped_at = now(), last_seen_at = now()
 WHERE name = %(name)s AND epoch = %(epoch)s
 """
 
+# A stream whose reader has not said a word for this long is no longer running (its reader says it every
+# datasource.HEARTBEAT_S).
+STREAM_LAPSE_S = 60.0
+
 # Streams seen within the lapse (running) and the newest stopped ones, with how many jobs their queue has ready
 # (the lag).
 spark_stream_list = """

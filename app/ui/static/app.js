@@ -393,9 +393,16 @@ async function showWorkflow(id) {
 // ---------------------------------------------------------------- spark
 
 async function showSpark() {
-  const data = await api("GET", "/v1/spark/batches");
-  const batches = items(data);
+  const [data, streamData] = await Promise.all([api("GET", "/v1/spark/batches"), api("GET", "/v1/spark/streams")]);
+  const batches = items(data), streams = items(streamData);
   view.innerHTML = `
+    <section class="card"><h2>Spark streaming queries</h2>
+    <table id="spark-streams"><thead><tr><th>name</th><th>queue</th><th>application</th><th>state</th><th>where</th>
+      <th>micro-batches</th><th>jobs read</th><th>lease renewals</th><th>ready jobs</th><th>last seen</th></tr></thead>
+    <tbody>${streams.map(s => `<tr data-stream="${esc(s.name)}"><td>${esc(s.name)}</td><td><a href="#/queues/${encodeURIComponent(s.queue)}">${esc(s.queue)}</a></td>
+      <td>${esc(s.application_id)}</td><td>${statusBadge(s.running ? "running" : "stopped")}</td><td>${esc(s.host)}:${s.pid}</td>
+      <td class="num">${s.micro_batches}</td><td class="num">${s.jobs_read}</td><td class="num">${s.lease_renewals}</td>
+      <td class="num">${s.lag}</td><td>${when(s.last_seen_at)}</td></tr>`).join("") || `<tr><td colspan="10">No streaming query has read outboxq yet.</td></tr>`}</tbody></table></section>
     <section class="card"><h2>Spark batches</h2>
     <table id="spark-batches"><thead><tr><th>id</th><th>queue</th><th>processor</th><th>state</th><th>jobs</th><th>rows written</th><th>error</th></tr></thead>
     <tbody>${batches.map(b => `<tr><td>${b.id}</td><td>${esc(b.queue)}</td><td>${esc(b.processor)}</td><td>${statusBadge(b.state)}</td>
