@@ -128,3 +128,23 @@ def test_spark_run_on_a_standalone_cluster_ships_a_driver_only_processor_and_del
     assert got == expected
     assert statuses(db_url) == {"done": 200}
     print(f"cluster run: {elapsed:.1f} s (session start {result['session_start_s']} s)")
+
+
+def test_a_streaming_query_through_format_outboxq_runs_on_a_standalone_cluster(db_url, tmp_path, standalone_cluster):
+    """The data source's reads and the sink's writes run on the cluster's executor, each job written once."""
+    payloads = order_payloads(300)
+    enqueue_orders(db_url, payloads, queue="cluster-orders")
+    env = spark_env(db_url, SPARK_LOCAL_IP="127.0.0.1", PYTHONPATH=os.getcwd(),
+                    OUTBOXQ_SPARK_CONF=json.dumps({"spark.executor.memory": "512m", "spark.cores.max": "1"}))
+    env.pop("PYSPARK_PYTHON", None)
+    command = [sys.executable, "-m", "tests.spark_stream_driver", db_url, str(tmp_path / "checkpoint"),
+               "--queue", "cluster-orders", "--table", "cluster_totals", "--master", standalone_cluster,
+               "--max-jobs", "100", "--available-now"]
+    run = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240)
+
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert json.loads(run.stdout.strip().splitlines()[-1]) == {"batches": 3, "rows": 300}
+    assert statuses(db_url, "cluster-orders") == {"done": 300}
+    rows = table_rows(db_url, "cluster_totals")
+    assert len({row[0] for row in rows}) == len(rows) == 300
+    assert sum(row[2] for row in rows) == sum(Decimal(str(p["amount"])) for p in payloads)  # (job_id, customer, amount, hash)
