@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import psycopg
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -47,7 +47,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
-from outboxq.db import DictConnection, connect
+from outboxq.db import DictConnection, connect, normalize_url, url_in_schema
 from outboxq.errors import InvalidInput
 from outboxq.queue import sql as job_sql
 from outboxq.queue.sql import spark as spark_sql
@@ -97,10 +97,19 @@ class SourceOptions(BaseModel):
     results_schema: str = Field(default_factory=lambda: get_settings().spark_results_schema,
                                 alias="resultsschema", pattern=r"^[a-z_][a-z0-9_]{0,62}$")
 
+    @field_validator("url")
+    @classmethod
+    def _as_outboxq_connects(cls, url: str) -> str:
+        # as outboxq.db.database_url(): a SQLAlchemy URL works too, and OUTBOXQ_SCHEMA is on the search path
+        return url_in_schema(normalize_url(url), get_settings().db_schema)
+
     @model_validator(mode="after")
     def _one_target(self) -> SourceOptions:
         if self.table and self.enqueue_queue:
             raise ValueError("give the sink either 'table' or 'enqueueQueue', not both")
+        if self.results_schema == get_settings().db_schema:
+            raise ValueError(f"option resultsSchema: {self.results_schema!r} is outboxq's own schema; output tables "
+                             "go to a schema of their own (default outboxq_results)")
         return self
 
     @classmethod
@@ -108,7 +117,7 @@ class SourceOptions(BaseModel):
         """The options, or InvalidInput naming each wrong one and what to give instead."""
         raw = {str(k).lower(): v for k, v in dict(options).items()
                if str(k).lower() not in SPARK_OWN_OPTIONS and not str(k).lower().startswith("spark.")}
-        raw.setdefault("url", os.environ.get("DATABASE_URL") or get_settings().database_url or "")
+        raw.setdefault("url", get_settings().database_url or "")  # (DATABASE_URL or OUTBOXQ_DATABASE_URL)
         try:
             return cls.model_validate(raw)
         except ValidationError as exc:
@@ -365,7 +374,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Spark asks for the next micro-batch once the ones up to start are written (and recorded in its
         # commit log): settle them now, not only at commit(), which Spark calls for the last micro-batch only
         # when a next one comes (never, when a query run with Trigger.AvailableNow ends).
-        settle_stream(state.conn, self.processor_id, since)
+        settle_stream(state.conn, self.processor_id, since, state.epoch)
         with state.conn.transaction():
             unread = state.conn.execute(stream_sql.spark_stream_unread_snapshot,
                                         {"processor_id": self.processor_id, "start": since}).fetchone()
@@ -399,7 +408,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def commit(self, end: dict) -> None:
         """Spark finished the micro-batches up to end: settle their snapshots (filtered-out jobs done)."""
         state = self._started()
-        settle_stream(state.conn, self.processor_id, int(end.get("snapshot", 0)))
+        settle_stream(state.conn, self.processor_id, int(end.get("snapshot", 0)), state.epoch)
 
     def reportLatestOffset(self) -> dict | None:
         """Shown in Spark's progress as the source's latest offset: the ready jobs left and lease renewals."""
@@ -475,11 +484,13 @@ def renew_stream_leases(conn: DictConnection, processor_id: str, lease_s: float)
     return renewed
 
 
-def settle_stream(conn: DictConnection, processor_id: str, end: int) -> int:
+def settle_stream(conn: DictConnection, processor_id: str, end: int, epoch: int) -> int:
     """Settle the stream's claimed snapshots up to ``end``: complete their jobs no row completed (filtered
-    out), mark them delivered. Idempotent: a settled snapshot is not claimed any more. How many settled."""
+    out), mark them delivered. Idempotent: a settled snapshot is not claimed any more. How many settled.
+    DriverReplaced, settling nothing, when a newer query of the same name started (epoch fenced)."""
     settled = 0
     with conn.transaction():
+        delivery.check_epoch(conn, processor_id, epoch)
         for snapshot in conn.execute(stream_sql.spark_stream_settle_snapshots,
                                      {"processor_id": processor_id, "end": end}).fetchall():
             summary = {"delivery_hash": snapshot["delivery_hash"], "written": False,

@@ -161,7 +161,8 @@ def register_driver(conn: DictConnection, driver_id: str, processor_id: str) -> 
     return int(row["epoch"])
 
 
-def _check_epoch(conn: DictConnection, driver_id: str, epoch: int) -> None:
+def check_epoch(conn: DictConnection, driver_id: str, epoch: int) -> None:
+    """DriverReplaced unless ``epoch`` is the driver's current one (call it inside the fenced transaction)."""
     row = _execute(conn, spark_sql.spark_driver_lock_epoch, {"driver_id": driver_id}).fetchone()
     current = None if row is None else int(row["epoch"])
     if current != epoch:
@@ -201,7 +202,7 @@ def claim_snapshot(
     validate_output_table(output_table)
     lease_token = uuid.uuid4()
     with conn.transaction():
-        _check_epoch(conn, driver_id, epoch)
+        check_epoch(conn, driver_id, epoch)
         rows = _execute(conn, spark_sql.spark_jobs_claim if id_to is None else spark_sql.spark_jobs_claim_up_to, {
             "queue": queue, "limit": batch_size, "lease_token": lease_token, "lease_s": lease_s,
             "worker_id": driver_id, "default_max_attempts": default_max_attempts, "id_to": id_to,
@@ -251,7 +252,7 @@ def adopt_snapshots(
     """
     adopted = []
     with conn.transaction():
-        _check_epoch(conn, driver_id, epoch)
+        check_epoch(conn, driver_id, epoch)
         snapshots = _execute(conn, spark_sql.spark_snapshot_list_adoptable, {
             "processor_id": processor_id, "driver_id": driver_id, "limit": limit}).fetchall()
         for row in snapshots:
@@ -382,7 +383,7 @@ def deliver(
     failed_jobs = dict(failed_jobs or {})
     good_ids = [i for i in snapshot.job_ids if i not in failed_jobs]
     with conn.transaction():
-        _check_epoch(conn, snapshot.driver_id, epoch)
+        check_epoch(conn, snapshot.driver_id, epoch)
         locked = _execute(conn, spark_sql.spark_snapshot_lock_claimed,
                           {"id": snapshot.id, "lease_token": snapshot.lease_token}).fetchone()
         if locked is None:
@@ -498,7 +499,7 @@ def fail_snapshot(
 
     ``job_errors`` gives some jobs their own error instead (a payload that was not a JSON object)."""
     with conn.transaction():
-        _check_epoch(conn, snapshot.driver_id, epoch)
+        check_epoch(conn, snapshot.driver_id, epoch)
         marked = _execute(conn, spark_sql.spark_snapshot_mark_failed, {
             "id": snapshot.id, "lease_token": snapshot.lease_token, "error": error[:10_000],
         }).fetchone()

@@ -1,4 +1,5 @@
-"""`python -m tools spark-bench`: rows/s of claim → process → deliver, Spark (warm session) against plain Python.
+"""`python -m tools spark-bench`: rows/s of claim → process → deliver, Spark (warm session) against plain Python,
+and the same jobs through a streaming query on format("outboxq") (source and sink).
 
 Both paths run the same consumer (claim with a snapshot, one-transaction delivery with the delivery hash);
 only the engine differs: Spark's DataFrame processor, or the same computation in plain Python on the driver.
@@ -12,7 +13,9 @@ time is split into the consumer's steps: claim, process (the engine), deliver.
 from __future__ import annotations
 
 import random
+import shutil
 import statistics
+import tempfile
 import time
 from typing import Any
 
@@ -23,6 +26,7 @@ from outboxq.db import connect, database_url
 from outboxq.queue.sql import spark as spark_sql
 from outboxq.settings import get_settings
 from outboxq.spark_jobs import examples
+from outboxq.spark_jobs import register as register_format
 from outboxq.spark_jobs.consumer import Consumer, ConsumerConfig
 from outboxq.spark_jobs.processing import BatchEngine, PythonEngine, SparkEngine
 from outboxq.spark_jobs.session import build_session
@@ -65,6 +69,48 @@ def _timed_drain(url: str, engine: BatchEngine, name: str, jobs: int, batch_size
     return {"seconds": seconds, "rows_per_s": jobs / seconds, "steps_s": dict(stats.seconds)}
 
 
+def _database_counters(url: str) -> dict[str, float]:
+    # PostgreSQL publishes a backend's counters when it goes idle (at most once a second): wait for them.
+    time.sleep(1.5)
+    with connect(url) as conn:
+        return dict(conn.execute(spark_sql.spark_bench_database_counters).fetchone())
+
+
+def _timed_stream(url: str, spark: Any, jobs: int, batch_size: int, checkpoint: str) -> dict[str, Any]:
+    """The same jobs and computation as order_lines through a streaming query: format("outboxq") in and out,
+    Trigger.AvailableNow, batch_size jobs a micro-batch."""
+    from pyspark.sql import functions as F
+
+    table = "spark_bench_stream"
+    _reset(url, table)
+    _enqueue(url, jobs)
+    before = _database_counters(url)
+    order = F.from_json("payload", "customer STRING, amount DOUBLE, quantity BIGINT")
+    started = time.perf_counter()
+    query = (spark.readStream.format("outboxq").option("url", url).option("queue", QUEUE).option("name", "bench")
+             .option("maxJobsPerTrigger", batch_size).load()
+             .select("job_id", "delivery_hash", order.alias("o"))
+             .select("job_id", "delivery_hash", F.col("o.customer").alias("customer"),
+                     (F.col("o.amount") * F.coalesce(F.col("o.quantity"), F.lit(1))).alias("line_total"))
+             .writeStream.format("outboxq").option("url", url).option("table", table)
+             .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+    query.awaitTermination()
+    seconds = time.perf_counter() - started
+    progress = [p for p in query.recentProgress if p["numInputRows"]]
+    after = _database_counters(url)
+    with connect(url) as conn:
+        written = conn.execute(pgsql.SQL("SELECT count(*) AS n FROM {}").format(
+            pgsql.Identifier(get_settings().spark_results_schema, table))).fetchone()["n"]
+    if written != jobs or sum(p["numInputRows"] for p in progress) != jobs:
+        raise RuntimeError(f"stream: {written} rows written of {jobs}")
+    micro_batches = max(1, len(progress))
+    per_batch = {name: (after[name] - before[name]) / micro_batches for name in after}
+    steps = {step: statistics.median(p["durationMs"].get(step, 0) for p in progress) / 1000
+             for step in ("latestOffset", "addBatch", "commitOffsets", "walCommit")}
+    return {"seconds": seconds, "rows_per_s": jobs / seconds, "steps_s": steps, "micro_batches": micro_batches,
+            "database_per_micro_batch": per_batch}
+
+
 def run_bench(*, jobs: int, batch_size: int, rounds: int, master: str) -> dict[str, Any]:
     """Run the rounds (Spark and plain alternating) and return the figures plus a printable table."""
     url = database_url()
@@ -75,17 +121,23 @@ def run_bench(*, jobs: int, batch_size: int, rounds: int, master: str) -> dict[s
         "spark": SparkEngine(spark, examples.order_lines, schema_sample=get_settings().spark_schema_sample),
         "plain": PythonEngine(examples.plain_order_lines),
     }
+    register_format(spark)
+    checkpoints = tempfile.mkdtemp(prefix="outboxq-spark-bench-")
     try:
         warm_up_s = {name: [_timed_drain(url, engine, name, min(jobs, batch_size), batch_size)["seconds"]
                             for _ in range(WARM_UP_BATCHES)]
                      for name, engine in engines.items()}
-        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in engines}
-        for _ in range(rounds):
+        warm_up_s["stream"] = [_timed_stream(url, spark, min(jobs, batch_size), batch_size,
+                                             f"{checkpoints}/warm-{n}")["seconds"] for n in range(WARM_UP_BATCHES)]
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in [*engines, "stream"]}
+        for n in range(rounds):
             for name, engine in engines.items():
                 runs[name].append(_timed_drain(url, engine, name, jobs, batch_size))
+            runs["stream"].append(_timed_stream(url, spark, jobs, batch_size, f"{checkpoints}/round-{n}"))
     finally:
         spark.stop()
-        for name in engines:
+        shutil.rmtree(checkpoints, ignore_errors=True)
+        for name in [*engines, "stream"]:
             _reset(url, f"spark_bench_{name}")
     medians = {name: statistics.median(r["rows_per_s"] for r in rs) for name, rs in runs.items()}
     lines = [
@@ -100,7 +152,12 @@ def run_bench(*, jobs: int, batch_size: int, rounds: int, master: str) -> dict[s
         steps = ", ".join(f"{step} {statistics.median(r['steps_s'][step] for r in rs):.2f} s"
                           for step in rs[0]["steps_s"])
         lines.append(f"  {name:5}  median per round: {steps}")
-    lines.append(f"  Spark / plain: {medians['spark'] / medians['plain']:.2f}")
+    cost = {name: statistics.median(r["database_per_micro_batch"][name] for r in runs["stream"])
+            for name in runs["stream"][0]["database_per_micro_batch"]}
+    lines.append(f"  stream: median {statistics.median(r['micro_batches'] for r in runs['stream'])} micro-batches a "
+                 "round; database per micro-batch: " + ", ".join(f"{name} {value:,.0f}" for name, value in cost.items()))
+    lines.append(f"  Spark / plain: {medians['spark'] / medians['plain']:.2f}; "
+                 f"stream / spark (outboxq spark run): {medians['stream'] / medians['spark']:.2f}")
     return {"jobs": jobs, "batch_size": batch_size, "rounds": rounds, "master": master,
             "session_start_s": session_start_s, "warm_up_s": warm_up_s, "runs": runs,
             "median_rows_per_s": medians, "table": "\n".join(lines)}

@@ -242,6 +242,9 @@ def test_a_query_of_the_same_name_fences_the_one_it_replaces(db_url):
         new.initialOffset()  # took over the old one's snapshot at once
         with pytest.raises(delivery.DriverReplaced):
             old.latestOffset({"snapshot": 10**9}, old.getDefaultReadLimit())
+        with pytest.raises(delivery.DriverReplaced):
+            old.commit({"snapshot": 10**9})
+        assert statuses(db_url, "ds-fence") == {"running": 20}  # the new query's now: nothing settled by the old
     finally:
         old.stop()
         new.stop()

@@ -75,8 +75,9 @@ spark_jobs_claim_up_to = _SPARK_JOBS_CLAIM.format(also=" AND id <= %(id_to)s", c
                                                   row_json=_ROW_JSON)
 
 # The snapshot of a claimed batch, committed before processing. A snapshot of the same hash that failed
-# before (the same jobs claimed together again after a failure) is taken over; a delivered one is not,
-# and the statement then returns no row.
+# before (the same jobs claimed together again after a failure) is taken over, with a new id (a streaming
+# query's offsets are snapshot ids and only grow); a delivered one is not, and the statement then returns
+# no row.
 spark_snapshot_insert = """
 INSERT INTO outboxq_spark_snapshots
     (processor_id, queue, epoch, job_ids, lease_token, delivery_hash, output_table, driver_id,
@@ -84,7 +85,7 @@ INSERT INTO outboxq_spark_snapshots
 VALUES (%(processor_id)s, %(queue)s, 1, %(job_ids)s, %(lease_token)s, %(delivery_hash)s,
         %(output_table)s, %(driver_id)s, now() + %(lease_s)s::float8 * interval '1 second')
 ON CONFLICT (delivery_hash) DO UPDATE
-SET queue = EXCLUDED.queue, epoch = 1, job_ids = EXCLUDED.job_ids,
+SET id = DEFAULT, queue = EXCLUDED.queue, epoch = 1, job_ids = EXCLUDED.job_ids,
     lease_token = EXCLUDED.lease_token, output_table = EXCLUDED.output_table, state = 'claimed',
     rows_written = NULL, error = NULL, created_at = now(), delivered_at = NULL,
     driver_id = EXCLUDED.driver_id, lease_expires_at = EXCLUDED.lease_expires_at
@@ -315,3 +316,10 @@ spark_bench_delete_jobs = "DELETE FROM outboxq_jobs WHERE queue = %(queue)s"
 # ANALYZE too: on a server without autovacuum a table never analyzed gave the claim's UPDATE a plan that read
 # outboxq_jobs_feed_idx once per claimed id (id is its last column): a 100,000-job round took 7 minutes.
 spark_bench_vacuum_jobs = "VACUUM ANALYZE outboxq_jobs"
+
+# What the benchmark's database has done so far (its per-micro-batch cost is the difference over a run).
+spark_bench_database_counters = """
+SELECT xact_commit AS transactions, tup_inserted AS rows_inserted, tup_updated AS rows_updated,
+       tup_fetched AS rows_fetched, blks_hit + blks_read AS blocks_touched
+FROM pg_stat_database WHERE datname = current_database()
+"""
