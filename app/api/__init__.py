@@ -41,8 +41,8 @@ POOL_TIMEOUT_S = 10.0
 
 
 def create_router(settings: Settings | None = None) -> APIRouter:
-    """outboxq's HTTP API as a router for your own FastAPI app: `app.include_router(create_router(),
-    prefix="/outboxq")`. Its lifespan opens its connection pool; its routes authenticate with outboxq's
+    """outboxq's HTTP API and its dashboard as a router for your own FastAPI app: `app.include_router(
+    create_router(), prefix="/outboxq")` serves the dashboard at /outboxq/ui/. Its lifespan opens its connection pool; its routes authenticate with outboxq's
     tokens, enforce its body limits and answer errors in its JSON shape, whatever the including app does."""
     settings = settings or get_settings()
     tokens = parse_tokens(settings.api_tokens)
@@ -82,6 +82,9 @@ def create_router(settings: Settings | None = None) -> APIRouter:
     for module in (search, jobs, queues, limits, admin, stats, health, metrics, spark, workflows, workers,
                    schedules):
         router.include_router(module.router)
+    from outboxq.ui import ui_router
+
+    router.include_router(ui_router())  # the dashboard, at <prefix>/ui/
     return router
 
 
@@ -99,9 +102,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     errors.install(app)
     install_docs_headers(app)  # /docs, /redoc and /openapi.json send the dashboard's security headers
     app.include_router(create_router(settings))
-    from outboxq.ui import mount_ui
-
-    mount_ui(app)
     from outboxq import tracing
 
     tracing.instrument_app(app)  # request spans, when the otel extra is installed

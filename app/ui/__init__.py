@@ -1,11 +1,12 @@
-"""The web dashboard at /ui: static pages that call the same HTTP API with the same tokens."""
+"""The web dashboard at /ui (under the router's prefix): static pages that call the same HTTP API with the same
+tokens."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from starlette.datastructures import URL, MutableHeaders
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from fastapi import APIRouter, Request
+from fastapi.responses import FileResponse, RedirectResponse, Response
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"  # (through a development install's link too)
 
@@ -20,39 +21,37 @@ SECURITY_HEADERS = {
 }
 
 
-class SecurityHeaders:
-    """ASGI middleware: SECURITY_HEADERS on every response under /ui. A plain ASGI wrapper, not
-    @app.middleware("http"), whose BaseHTTPMiddleware runs every API request through a task of its own and
-    streams each response body again (about a millisecond of a 1,000-job batch's answer)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Pass the request on; add the headers to the response when its path is the dashboard's."""
-        path = URL(scope=scope).path if scope["type"] == "http" else ""
-        if not (path == "/ui" or path.startswith("/ui/")):
-            await self.app(scope, receive, send)
-            return
-
-        async def send_with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                MutableHeaders(scope=message).update(SECURITY_HEADERS)
-            await send(message)
-
-        await self.app(scope, receive, send_with_headers)
+# The files the dashboard is made of, and their types (nothing else under /ui is served).
+FILES = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; charset=utf-8",
+         "style.css": "text/css; charset=utf-8"}
 
 
-def mount_ui(app) -> None:
-    """Serve the dashboard's files at /ui (index.html at /ui/), with its security headers."""
-    from fastapi.responses import RedirectResponse
-    from fastapi.staticfiles import StaticFiles
+def ui_router() -> APIRouter:
+    """The dashboard as routes of outboxq's router: /ui/ and its files, with SECURITY_HEADERS, under whatever
+    prefix the router is included at (the page finds the API beside itself)."""
+    router = APIRouter(include_in_schema=False)
 
-    app.add_middleware(SecurityHeaders)
+    @router.get("/ui")
+    def ui_root(request: Request) -> Response:
+        """Redirect to the dashboard's index page (relative: the prefix stays)."""
+        return RedirectResponse(request.url.path + "/", status_code=307, headers=SECURITY_HEADERS)
 
-    @app.get("/ui", include_in_schema=False)
-    def ui_root() -> RedirectResponse:
-        """Redirect to the dashboard's index page."""
-        return RedirectResponse("/ui/")
+    @router.get("/ui/")
+    def ui_index() -> Response:
+        """The dashboard's page."""
+        return _file("index.html")
 
-    app.mount("/ui/", StaticFiles(directory=STATIC_DIR, html=True), name="ui")
+    @router.get("/ui/{name}")
+    def ui_file(name: str) -> Response:
+        """One of the dashboard's files; 404 for any other name."""
+        return _file(name)
+
+    return router
+
+
+def _file(name: str) -> Response:
+    if name not in FILES:
+        return Response("not found", status_code=404, media_type="text/plain", headers=SECURITY_HEADERS)
+    # no-cache: a browser checks for a newer dashboard (ETag) after an upgrade instead of running a stale one
+    return FileResponse(STATIC_DIR / name, media_type=FILES[name],
+                        headers={**SECURITY_HEADERS, "Cache-Control": "no-cache"})

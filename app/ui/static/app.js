@@ -20,12 +20,16 @@ function say(message, isError = false) {
 // answer for the page the reader left (or a live refresh of it) never paints over the page they went to.
 let renderSeq = 0;
 
+// The API is beside the dashboard: at the root for `outboxq serve`, under the prefix a user's app included
+// outboxq's router at (/outboxq/ui/ calls /outboxq/v1/...).
+const API_BASE = location.pathname.replace(/\/ui\/[^/]*$/, "");
+
 async function api(method, path, body) {
   const started = renderSeq;
   const headers = {"Authorization": "Bearer " + token()};
   if (body !== undefined) headers["Content-Type"] = "application/json";
   if (method === "POST") headers["Idempotency-Key"] = crypto.randomUUID ? crypto.randomUUID() : String(Math.random());
-  const response = await fetch(path, {method, headers, body: body === undefined ? undefined : JSON.stringify(body)});
+  const response = await fetch(API_BASE + path, {method, headers, body: body === undefined ? undefined : JSON.stringify(body)});
   const data = response.status === 204 ? null : await response.json().catch(() => null);
   if (response.status === 401) { sessionStorage.removeItem("outboxq_token"); route(); throw new Error("signed out"); }
   if (!response.ok) throw new Error((data && data.error && data.error.message) || response.statusText);
@@ -147,7 +151,7 @@ async function showQueues() {
     <section class="card">
       <h2>Queues</h2>
       <p class="note" id="finished-window">done, dead and cancelled: jobs finished in the last ${(queuesData.finished_window_s || 0) / 3600} h</p>
-      <table id="queues"><thead><tr><th>queue</th><th>state</th>${STATUSES.map(s => `<th>${s}</th>`).join("")}<th>limits</th><th></th></tr></thead>
+      <table id="queues"><thead><tr><th>queue</th><th>state</th>${STATUSES.map(s => `<th>${s}</th>`).join("")}<th>limits</th><th><span class="visually-hidden">actions</span></th></tr></thead>
       <tbody>${rows || `<tr><td colspan="11">No queues yet.</td></tr>`}</tbody></table>
     </section>`;
   view.querySelectorAll("tr[data-queue] button").forEach(button => {
@@ -275,7 +279,7 @@ async function showSearch(params) {
         ${marker ? `<a href="${here}">First page</a>` : ""}
         ${page.next_marker ? `<a id="next-results" href="${here}&marker=${encodeURIComponent(page.next_marker)}">Next page</a>` : ""}
       </div>
-      <table id="search-results" data-q="${esc(text)}"><thead><tr><th></th><th>id</th><th>queue</th><th>key</th><th>status</th><th>attempts</th><th>created</th><th>last error</th></tr></thead>
+      <table id="search-results" data-q="${esc(text)}"><thead><tr><th><span class="visually-hidden">select</span></th><th>id</th><th>queue</th><th>key</th><th>status</th><th>attempts</th><th>created</th><th>last error</th></tr></thead>
       <tbody>${rows || `<tr><td colspan="8">No job matches.</td></tr>`}</tbody></table>
     </section>`;
   document.getElementById("search-form").addEventListener("submit", event => {
@@ -315,7 +319,7 @@ async function showSchedules() {
   const data = await api("GET", "/v1/schedules");
   view.innerHTML = `
     <section class="card"><h2>Schedules</h2>
-    <table id="schedules"><thead><tr><th>name</th><th>queue</th><th>when</th><th>time zone</th><th>missed</th><th>last slot</th><th>next slot</th><th>last job</th><th></th></tr></thead>
+    <table id="schedules"><thead><tr><th>name</th><th>queue</th><th>when</th><th>time zone</th><th>missed</th><th>last slot</th><th>next slot</th><th>last job</th><th><span class="visually-hidden">actions</span></th></tr></thead>
     <tbody>${data.items.map(s => `<tr data-schedule="${esc(s.name)}"><td>${esc(s.name)}</td><td>${esc(s.queue)}</td>
       <td>${s.cron ? "cron " + esc(s.cron) : `every ${s.every_s} s`}</td><td>${esc(s.timezone)}</td><td>${esc(s.missed)}</td>
       <td>${when(s.last_slot)}</td><td>${s.paused ? statusBadge("paused") : when(s.next_slot)}</td>
