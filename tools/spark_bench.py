@@ -113,8 +113,9 @@ def _timed_stream(url: str, spark: Any, jobs: int, batch_size: int, checkpoint: 
             "database_per_micro_batch": per_batch}
 
 
-def run_bench(*, jobs: int, batch_size: int, rounds: int, master: str) -> dict[str, Any]:
-    """Run the rounds (Spark and plain alternating) and return the figures plus a printable table."""
+def run_bench(*, jobs: int, batch_size: int, rounds: int, master: str, stream: bool = True) -> dict[str, Any]:
+    """Run the rounds (Spark, plain and, with stream, a streaming query, alternating) and return the figures plus
+    a printable table."""
     url = database_url()
     started = time.perf_counter()
     spark = build_session(master)
@@ -129,13 +130,15 @@ def run_bench(*, jobs: int, batch_size: int, rounds: int, master: str) -> dict[s
         warm_up_s = {name: [_timed_drain(url, engine, name, min(jobs, batch_size), batch_size)["seconds"]
                             for _ in range(WARM_UP_BATCHES)]
                      for name, engine in engines.items()}
-        warm_up_s["stream"] = [_timed_stream(url, spark, min(jobs, batch_size), batch_size,
-                                             f"{checkpoints}/warm-{n}")["seconds"] for n in range(WARM_UP_BATCHES)]
-        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in [*engines, "stream"]}
+        if stream:
+            warm_up_s["stream"] = [_timed_stream(url, spark, min(jobs, batch_size), batch_size,
+                                                 f"{checkpoints}/warm-{n}")["seconds"] for n in range(WARM_UP_BATCHES)]
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in [*engines, *(["stream"] if stream else [])]}
         for n in range(rounds):
             for name, engine in engines.items():
                 runs[name].append(_timed_drain(url, engine, name, jobs, batch_size))
-            runs["stream"].append(_timed_stream(url, spark, jobs, batch_size, f"{checkpoints}/round-{n}"))
+            if stream:
+                runs["stream"].append(_timed_stream(url, spark, jobs, batch_size, f"{checkpoints}/round-{n}"))
     finally:
         spark.stop()
         shutil.rmtree(checkpoints, ignore_errors=True)
@@ -154,24 +157,32 @@ def run_bench(*, jobs: int, batch_size: int, rounds: int, master: str) -> dict[s
         steps = ", ".join(f"{step} {statistics.median(r['steps_s'][step] for r in rs):.2f} s"
                           for step in rs[0]["steps_s"])
         lines.append(f"  {name:5}  median per round: {steps}")
-    cost = {name: statistics.median(r["database_per_micro_batch"][name] for r in runs["stream"])
-            for name in runs["stream"][0]["database_per_micro_batch"]}
-    lines.append("  stream: without the query's start, in its micro-batches: median "
-                 f"{statistics.median(r['in_micro_batches_rows_per_s'] for r in runs['stream']):,.0f} rows/s")
-    lines.append(f"  stream: median {statistics.median(r['micro_batches'] for r in runs['stream'])} micro-batches a "
-                 "round; database per micro-batch: " + ", ".join(f"{name} {value:,.0f}" for name, value in cost.items()))
-    lines.append(f"  Spark / plain: {medians['spark'] / medians['plain']:.2f}; "
-                 f"stream / spark (outboxq spark run): {medians['stream'] / medians['spark']:.2f}")
+    lines.append(f"  Spark / plain: {medians['spark'] / medians['plain']:.2f}")
+    if stream:
+        lines += _stream_lines(runs["stream"], medians)
     return {"jobs": jobs, "batch_size": batch_size, "rounds": rounds, "master": master,
             "session_start_s": session_start_s, "warm_up_s": warm_up_s, "runs": runs,
             "median_rows_per_s": medians, "table": "\n".join(lines)}
+
+
+def _stream_lines(stream_runs: list[dict[str, Any]], medians: dict[str, float]) -> list[str]:
+    cost = {name: statistics.median(r["database_per_micro_batch"][name] for r in stream_runs)
+            for name in stream_runs[0]["database_per_micro_batch"]}
+    return [
+        "  stream: without the query's start, in its micro-batches: median "
+        f"{statistics.median(r['in_micro_batches_rows_per_s'] for r in stream_runs):,.0f} rows/s",
+        f"  stream: median {statistics.median(r['micro_batches'] for r in stream_runs)} micro-batches a round; "
+        "database per micro-batch: " + ", ".join(f"{name} {value:,.0f}" for name, value in cost.items()),
+        f"  stream / spark (outboxq spark run): {medians['stream'] / medians['spark']:.2f}",
+    ]
 
 
 def cmd_spark_bench(args: Any) -> int:
     """Claim → process → deliver N small jobs with Spark (warm session) and with the plain worker path."""
     import json
 
-    results = run_bench(jobs=args.jobs, batch_size=args.batch_size, rounds=args.rounds, master=args.master)
+    results = run_bench(jobs=args.jobs, batch_size=args.batch_size, rounds=args.rounds, master=args.master,
+                        stream=args.stream)
     print(json.dumps(results, indent=2) if args.json else results["table"])
     return 0
 
@@ -183,5 +194,7 @@ def register(sub: Any) -> None:
     p.add_argument("--batch-size", type=int, default=100_000)
     p.add_argument("--rounds", type=int, default=5, help="alternated rounds; figures are medians (default 5)")
     p.add_argument("--master", default="local[2]")
+    p.add_argument("--no-stream", dest="stream", action="store_false",
+                   help="leave out the streaming query (format outboxq in and out)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_spark_bench)

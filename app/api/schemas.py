@@ -557,6 +557,13 @@ class BulkByFilter(RequestModel):
 BulkAction = BulkByIds | BulkByFilter
 
 
+class JobCount(BaseModel):
+    """How many jobs match a search, counted up to 10,000; more: whether there are more than that."""
+
+    count: int
+    more: bool
+
+
 class BulkCount(BaseModel):
     """How many jobs the action changed (a filter's action changes at most 10,000 a call: call again)."""
 

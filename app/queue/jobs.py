@@ -62,8 +62,10 @@ class Job:
     cancel_requested: bool = False
     context: dict | None = None
     created_at: datetime | None = None
-    started_at: datetime | None = None
+    started_at: datetime | None = None  # its first attempt's start
+    attempt_started_at: datetime | None = None  # its latest attempt's start
     finished_at: datetime | None = None
+    worker_id: str | None = None  # the worker process that ran (or runs) its latest attempt
     snoozes: int = 0  # times the handler snoozed it (outboxq.Snooze); attempts does not count them
     result: Any = None  # the handler's JSON return value
     progress: float | None = None  # 0.0-1.0, from ctx.set_progress() while it runs

@@ -154,6 +154,7 @@ job_errors = Table(
     Column("failed_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     # 'error' for a failed attempt (timeouts and rescues included), 'snooze' for a handler's Snooze.
     Column("kind", Text, nullable=False, server_default=text("'error'")),
+    Column("worker_id", Text),  # the worker process that ran the attempt (the dashboard's timeline)
     CheckConstraint("kind IN ('error', 'snooze')", name="outboxq_job_errors_kind_check"),
 )
 Index("outboxq_job_errors_job_idx", job_errors.c.job_id)

@@ -88,6 +88,20 @@ def search_jobs(conn: Any, job_filter: JobFilter, *, limit: int = 50, marker: st
     return SearchPage(jobs, str(jobs[-1].id) if len(jobs) == limit else None)
 
 
+def count_jobs(conn: Any, job_filter: JobFilter) -> tuple[int, bool]:
+    """How many jobs match the filter (in its search window), counted up to BULK_MAX, and whether there are
+    more: what a bulk action by this filter would change at most, for its confirmation."""
+
+    def plan() -> Any:
+        newest = yield Statement(sql.job_newest_id, {}, rows="one")
+        row = yield Statement(sql.job_search_count, {**job_filter.params(newest["id"]), "before": None,
+                                                     "limit": BULK_MAX + 1}, rows="one")
+        return int(row["n"])
+
+    counted = _run_plan(conn, plan())
+    return min(counted, BULK_MAX), counted > BULK_MAX
+
+
 def _marker_id(marker: str | None) -> int | None:
     if marker is None:
         return None

@@ -1,4 +1,5 @@
-"""Spark streaming queries reading outboxq (format "outboxq"): one row each, for operators and metrics
+"""Spark streaming queries reading outboxq (format "outboxq"): one row each, for operators and metrics; the
+worker of each attempt in a job's history
 
 Revision ID: 0010
 Revises: 0009
@@ -14,7 +15,7 @@ depends_on = None
 
 
 def upgrade() -> None:
-    """The outboxq_spark_streams table."""
+    """The outboxq_spark_streams table; outboxq_job_errors.worker_id."""
     op.create_table(
         "outboxq_spark_streams",
         sa.Column("name", sa.Text(), nullable=False),
@@ -31,8 +32,10 @@ def upgrade() -> None:
         sa.Column("stopped_at", sa.DateTime(timezone=True)),
         sa.PrimaryKeyConstraint("name"),
     )
+    op.add_column("outboxq_job_errors", sa.Column("worker_id", sa.Text()))
 
 
 def downgrade() -> None:
-    """Drop it."""
+    """Drop them."""
+    op.drop_column("outboxq_job_errors", "worker_id")
     op.drop_table("outboxq_spark_streams")

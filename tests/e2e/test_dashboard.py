@@ -108,10 +108,17 @@ def test_dashboard_shows_queues_retries_a_failed_job_and_pauses_a_queue(db_url, 
             assert "dead" in page.inner_text("#queues thead")
             assert page.inner_text("#finished-window").endswith("finished in the last 24 h")
 
-            # A failed job's page: its error with the traceback; retry it once the downstream is back.
+            # A failed job's page: its timeline (the attempt, its worker, error and stack, the end); retry it once
+            # the downstream is back.
             page.goto(f"{server}/ui/#/jobs/{failed_job.id}")
-            page.wait_for_selector("#errors pre")
-            assert "downstream is down" in page.inner_text("#errors")
+            page.wait_for_selector("#timeline .event.error details pre", state="attached")
+            events = page.locator("#timeline .event").all_inner_texts()
+            assert events[0].endswith("enqueued"), events
+            failed_event = next(e for e in events if "attempt 1 failed on" in e)
+            assert worker.worker_id in failed_event and "downstream is down" in failed_event
+            assert "dead: out of attempts" in events[-1]
+            page.click("#timeline .event.error summary")
+            assert "ConnectionError" in page.inner_text("#timeline .event.error details pre")
             page.screenshot(path=str(SHOTS / "job-dead.png"), full_page=True)
             failing["on"] = False
             page.click("#retry-job")
@@ -279,6 +286,14 @@ def test_search_with_qualifiers_selects_and_retries_and_the_workers_and_schedule
             assert confirmations[-1] == "Retry 2 jobs?"
             with psycopg.connect(db_url) as conn:
                 assert get_job(conn, acme[2]).status is JobStatus.QUEUED and get_job(conn, acme[0]).status is JobStatus.DEAD
+            # the whole filter: only the one acme job still dead matches, and the confirmation says so
+            page.click("#cancel-matching")
+            page.wait_for_selector("#flash:has-text('Cancelled 1 of 1 matching jobs')")
+            assert confirmations[-1] == ('Cancel 1 job matching "queue:ui-search status:dead payload.customer:acme '
+                                         'error:"mailbox""?')
+            with psycopg.connect(db_url) as conn:
+                assert get_job(conn, acme[0]).status is JobStatus.CANCELLED
+                assert get_job(conn, acme[2]).status is JobStatus.QUEUED  # not dead: the filter left it
 
             page.click("nav a[href='#/workers']")
             page.wait_for_selector(f"#workers tr[data-worker='{worker.worker_id}']")

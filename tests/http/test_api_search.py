@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 
-from outboxq import enqueue
+from outboxq import enqueue, enqueue_many
 from tests.api_support import api_client, auth
 
 
@@ -108,3 +108,21 @@ def test_bulk_retry_and_cancel_by_ids_and_by_filter_with_the_admin_scope(api, jo
     everything = api.post("/v1/jobs/cancel", json={"filter": {}, "all": True}, headers=auth("admin"))
     assert everything.json() == {"count": len(jobs)}
     assert set(_ids(api, status=["cancelled"])) == set(jobs.values())
+
+
+def test_the_count_of_a_search_is_capped_where_one_bulk_action_stops(api, jobs, db_url):
+    def count(**params):
+        answer = api.get("/v1/jobs/count", params=params, headers=auth("read"))
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+    assert count(queue="mail", payload='{"customer": "globex"}') == {"count": 3, "more": False}
+    assert count(status=["dead", "retrying"]) == {"count": 3, "more": False}
+    assert count(queue="mail", error="nothing like this") == {"count": 0, "more": False}
+    assert count() == {"count": len(jobs), "more": False}
+    assert api.get("/v1/jobs/count", params={"status": "lost"}, headers=auth("read")).status_code == 422
+    assert api.get("/v1/jobs/count").status_code == 401
+    with psycopg.connect(db_url) as conn:
+        enqueue_many(conn, "bulk", [{"n": n} for n in range(10_001)])
+        conn.commit()
+    assert count(queue="bulk") == {"count": 10_000, "more": True}  # what one bulk action by filter changes

@@ -108,16 +108,16 @@ def test_a_stream_killed_by_sigkill_and_restarted_on_its_checkpoint_writes_every
     payloads = order_payloads(3000)
     enqueue_orders(db_url, payloads, queue="ds-orders")
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    first = subprocess.Popen(_driver(db_url, tmp_path / "checkpoint"), env=env, start_new_session=True,
+    first = subprocess.Popen(_driver(db_url, tmp_path / "checkpoint", "--max-jobs", "500"), env=env, start_new_session=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for(lambda: statuses(db_url, "ds-orders").get("done", 0) >= 400, timeout=180, interval=0.1)
+        wait_for(lambda: statuses(db_url, "ds-orders").get("done", 0) >= 1000, timeout=180, interval=0.1)
     finally:
         os.killpg(first.pid, signal.SIGKILL)  # the driver, its JVM and its Python workers, mid-stream
         first.wait(timeout=30)
     assert statuses(db_url, "ds-orders").get("done", 0) < 3000  # it died with work left
 
-    second = subprocess.run(_driver(db_url, tmp_path / "checkpoint", "--available-now"), env=env,
+    second = subprocess.run(_driver(db_url, tmp_path / "checkpoint", "--max-jobs", "500", "--available-now"), env=env,
                             capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr[-4000:]
 
@@ -127,13 +127,13 @@ def test_a_stream_killed_by_sigkill_and_restarted_on_its_checkpoint_writes_every
     with psycopg.connect(db_url) as conn:
         hashes = conn.execute(f'SELECT count(DISTINCT delivery_hash) FROM "{RESULTS}".ds_totals').fetchone()[0]
         claimed = conn.execute("SELECT count(*) FROM outboxq_spark_snapshots WHERE state = 'claimed'").fetchone()[0]
-    assert hashes >= 15 and claimed == 0  # 200 jobs a micro-batch, each settled
+    assert hashes >= 6 and claimed == 0  # 500 jobs a micro-batch, each settled
 
 
 def test_two_queries_on_one_queue_share_it_without_a_job_in_both(db_url, spark, tmp_path):
     payloads = order_payloads(1000)
     enqueue_orders(db_url, payloads, queue="ds-shared")
-    queries = [orders_stream(spark, db_url, "ds-shared", name=name, max_jobs=50).writeStream.format("outboxq")
+    queries = [orders_stream(spark, db_url, "ds-shared", name=name, max_jobs=100).writeStream.format("outboxq")
                .option("url", db_url).option("table", f"ds_shared_{name}")
                .option("checkpointLocation", str(tmp_path / name)).trigger(processingTime="50 milliseconds").start()
                for name in ("left", "right")]
@@ -248,3 +248,17 @@ def test_a_query_of_the_same_name_fences_the_one_it_replaces(db_url):
     finally:
         old.stop()
         new.stop()
+
+
+def test_the_spark_bench_stream_round_drains_its_jobs_and_measures_each_micro_batch(db_url, spark, tmp_path,
+                                                                                    monkeypatch):
+    """tools/spark_bench.py's streaming round (what `python -m tools spark-bench` prints beside spark run)."""
+    from tools import spark_bench
+
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    result = spark_bench._timed_stream(db_url, spark, 300, 100, str(tmp_path / "bench"))
+    assert result["micro_batches"] == 3 and result["rows_per_s"] > 0 and result["in_micro_batches_rows_per_s"] > 0
+    assert result["database_per_micro_batch"]["transactions"] > 0
+    assert set(result["steps_s"]) == {"latestOffset", "addBatch", "commitOffsets", "walCommit"}
+    lines = spark_bench._stream_lines([result], {"stream": result["rows_per_s"], "spark": result["rows_per_s"]})
+    assert lines[-1] == "  stream / spark (outboxq spark run): 1.00"

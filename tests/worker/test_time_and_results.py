@@ -31,7 +31,8 @@ def _job(url, job_id):
 
 def _history(url, job_id):
     with psycopg.connect(url, row_factory=dict_row) as c:
-        return c.execute("SELECT attempt, error, kind FROM outboxq_job_errors WHERE job_id = %s ORDER BY id",
+        return c.execute("SELECT attempt, error, kind, worker_id FROM outboxq_job_errors WHERE job_id = %s "
+                         "ORDER BY id",
                          (job_id,)).fetchall()
 
 
@@ -54,7 +55,9 @@ def test_snoozing_twice_with_max_attempts_1_then_succeeding_ends_done(db_url):
     assert job.status is JobStatus.DONE and job.attempts == 1 and job.snoozes == 2
     assert [a for a, _ in runs] == [1, 1, 1]  # a snooze gives its attempt back
     assert runs[1][1] - runs[0][1] >= 0.25 and runs[2][1] - runs[1][1] >= 0.25
-    assert _history(db_url, job_id) == [{"attempt": 1, "error": "snoozed for 0.3 s", "kind": "snooze"}] * 2
+    assert _history(db_url, job_id) == [{"attempt": 1, "error": "snoozed for 0.3 s", "kind": "snooze",
+                                         "worker_id": worker.worker_id}] * 2  # (the dashboard's timeline)
+    assert job.worker_id == worker.worker_id and job.attempt_started_at >= job.started_at
 
 
 def test_snooze_needs_a_number_of_seconds():

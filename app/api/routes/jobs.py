@@ -210,7 +210,8 @@ def read_job(job_id: JobId, pool: PoolDep) -> JSONResponse:
 
 @router.get("/v1/jobs/{job_id}/errors", **scoped("read"), responses=error_responses(401, 403, 404, 422))
 def read_job_errors(job_id: JobId, pool: PoolDep) -> JSONResponse:
-    """Every failed attempt of the job: attempt, error, traceback, failed_at."""
+    """Every failed or snoozed attempt of the job: attempt, error, traceback, failed_at, kind (error or snooze)
+    and worker_id (the worker process that ran it)."""
     with transaction(pool) as conn:
         if get_job(conn, job_id) is None:
             raise JobNotFound(job_id)

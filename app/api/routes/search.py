@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query
 from fastapi.responses import JSONResponse
 from pydantic import AwareDatetime
 
@@ -20,6 +20,7 @@ from outboxq.api.schemas import (
     BulkByFilter,
     BulkByIds,
     BulkCount,
+    JobCount,
     JobSearchPage,
     job_public,
 )
@@ -30,9 +31,7 @@ from outboxq.queue.jobs import JobStatus
 router = APIRouter(tags=["operations"], route_class=OutboxqRoute)
 
 
-@router.get("/v1/jobs", response_model=JobSearchPage, **scoped("read"), responses=error_responses(401, 403, 422))
-def search_jobs(
-    pool: PoolDep,
+def job_filter_query(
     queue: Annotated[str | None, Query(pattern=QUEUE_PATTERN)] = None,
     status: Annotated[list[JobStatus] | None, Query(description="One or more statuses")] = None,
     key: Annotated[str | None, Query(min_length=1, max_length=255, pattern=KEY_PATTERN,
@@ -43,17 +42,37 @@ def search_jobs(
                                        description="Text in the last error, any case")] = None,
     since: Annotated[AwareDatetime | None, Query(description="Created at or after (RFC 3339)")] = None,
     until: Annotated[AwareDatetime | None, Query(description="Created before (RFC 3339)")] = None,
+) -> search.JobFilter:
+    """The search filters of GET /v1/jobs and /v1/jobs/count, from the query string."""
+    return search.JobFilter(queue=queue, statuses=tuple(s.value for s in status or ()), key=key,
+                            payload=_payload_object(payload), error=error, since=since, until=until)
+
+
+JobFilterQuery = Annotated[search.JobFilter, Depends(job_filter_query)]
+
+
+@router.get("/v1/jobs", response_model=JobSearchPage, **scoped("read"), responses=error_responses(401, 403, 422))
+def search_jobs(
+    pool: PoolDep,
+    job_filter: JobFilterQuery,
     limit: Annotated[int, Query(ge=1, le=search.MAX_PAGE)] = 50,
     marker: Annotated[str | None, Query(pattern="^[1-9][0-9]{0,18}$",
                                         description="next_marker of the previous page")] = None,
 ) -> JSONResponse:
     """Jobs of every queue, newest first, matching every filter given. Filters on queue, status, key and time
     look through the newest 1,000,000 jobs; a payload or error search through the newest 100,000."""
-    job_filter = search.JobFilter(queue=queue, statuses=tuple(s.value for s in status or ()), key=key,
-                                  payload=_payload_object(payload), error=error, since=since, until=until)
     with transaction(pool) as conn:
         page = search.search_jobs(conn, job_filter, limit=limit, marker=marker)
     return JSONResponse({"items": [job_public(j, result=False) for j in page.jobs], "next_marker": page.next_marker})
+
+
+@router.get("/v1/jobs/count", response_model=JobCount, **scoped("read"), responses=error_responses(401, 403, 422))
+def count_jobs(pool: PoolDep, job_filter: JobFilterQuery) -> JSONResponse:
+    """How many jobs match the filters of GET /v1/jobs (in the same windows), counted up to 10,000 (what one
+    bulk action by filter changes): {"count": n, "more": true} when there are more."""
+    with transaction(pool) as conn:
+        count, more = search.count_jobs(conn, job_filter)
+    return JSONResponse({"count": count, "more": more})
 
 
 def _payload_object(text: str | None) -> dict[str, Any] | None:

@@ -10,7 +10,7 @@ from outboxq.queue.schema import CANCEL_NOTICE, KEY_HELD_PREDICATE, NOTIFY_CHANN
 _COLUMNS_BEFORE_RESULT = (
     "id, queue, key, status, payload, payload_bytes, priority, run_at, attempts, max_attempts, "
     "last_error, last_traceback, waiting_reason, cancel_requested, context, created_at, started_at, "
-    "attempt_started_at, finished_at, unique_scope, on_dependency_failure, snoozes"
+    "attempt_started_at, finished_at, worker_id, unique_scope, on_dependency_failure, snoozes"
 )
 _COLUMNS_AFTER_RESULT = "progress, progress_message, workflow_id, step, sequence"
 JOB_COLUMNS = f"{_COLUMNS_BEFORE_RESULT}, result, {_COLUMNS_AFTER_RESULT}"
@@ -370,11 +370,11 @@ failed AS (
     FROM decided d
     WHERE j.id = d.id AND j.lease_token = d.lease_token
       AND (j.status = 'running') IS TRUE  -- by primary key, as job_complete_batch (not the lease index)
-    RETURNING j.id, j.queue, j.attempts, j.status, d.error, d.traceback
+    RETURNING j.id, j.queue, j.attempts, j.status, d.error, d.traceback, j.worker_id
 ),
 history AS (
-    INSERT INTO outboxq_job_errors (job_id, attempt, error, traceback)
-    SELECT id, attempts, error, traceback FROM failed
+    INSERT INTO outboxq_job_errors (job_id, attempt, error, traceback, worker_id)
+    SELECT id, attempts, error, traceback, worker_id FROM failed
 ),
 queue_failing AS (
     INSERT INTO outboxq_queues (queue, failing_since, consecutive_failures)
@@ -394,11 +394,11 @@ WITH snoozed AS (
     SET status = 'queued', run_at = now() + %(delay)s::float8 * interval '1 second',
         attempts = attempts - 1, snoozes = snoozes + 1, lease_token = NULL, lease_expires_at = NULL
     WHERE id = %(id)s AND lease_token = %(lease_token)s AND status = 'running'
-    RETURNING id, attempts
+    RETURNING id, attempts, worker_id
 ),
 history AS (
-    INSERT INTO outboxq_job_errors (job_id, attempt, error, kind)
-    SELECT id, attempts + 1, %(error)s, 'snooze' FROM snoozed
+    INSERT INTO outboxq_job_errors (job_id, attempt, error, kind, worker_id)
+    SELECT id, attempts + 1, %(error)s, 'snooze', worker_id FROM snoozed
 )
 SELECT id, 'queued' AS status FROM snoozed
 """
@@ -505,7 +505,7 @@ SELECT id, status, (SELECT count(*) FROM notified) AS notified FROM cancelled
 """
 
 job_error_history = """
-SELECT attempt, error, traceback, failed_at, kind FROM outboxq_job_errors
+SELECT attempt, error, traceback, failed_at, kind, worker_id FROM outboxq_job_errors
 WHERE job_id = %(id)s ORDER BY id
 """
 

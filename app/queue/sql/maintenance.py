@@ -28,11 +28,11 @@ rescued AS (
         last_error = d.error, last_traceback = NULL,
         lease_token = NULL, lease_expires_at = NULL
     FROM decided d WHERE j.id = d.id AND j.status = 'running'
-    RETURNING j.id, j.queue, j.status, j.attempts, j.last_error
+    RETURNING j.id, j.queue, j.status, j.attempts, j.last_error, j.worker_id
 ),
 history AS (
-    INSERT INTO outboxq_job_errors (job_id, attempt, error, failed_at)
-    SELECT id, attempts, last_error, %(now)s FROM rescued
+    INSERT INTO outboxq_job_errors (job_id, attempt, error, failed_at, worker_id)
+    SELECT id, attempts, last_error, %(now)s, worker_id FROM rescued
 )
 SELECT id, queue, status, attempts FROM rescued
 """

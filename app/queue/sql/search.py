@@ -31,6 +31,16 @@ ORDER BY j.id DESC
 LIMIT %(limit)s
 """
 
+# How many jobs match, up to `limit` (a capped count: it reads at most `limit` matching rows).
+job_search_count = f"""
+SELECT count(*) AS n FROM (
+    SELECT 1 FROM outboxq_jobs j
+    WHERE {JOB_FILTER}
+    ORDER BY j.id DESC
+    LIMIT %(limit)s
+) matching
+"""
+
 # Bulk actions on the jobs chosen by ids (`ids` not NULL) or by the filter (at most `limit` of them, newest
 # first), each only where its status allows it. Their queues (retry) or the workers' heartbeats (cancel of
 # running jobs) are woken.

@@ -224,13 +224,31 @@ async function showJob(id) {
       ${job.result == null ? "" : `<h3>Result</h3><pre id="result">${esc(JSON.stringify(job.result, null, 2))}</pre>`}
       <h3>Waits for</h3>${related(dependencies.depends_on || [])}
       <h3>Waited for by</h3>${related(dependencies.dependents || [])}
-      <h3>Errors</h3>
-      <div id="errors">${errorItems.length ? errorItems.map(e => `
-        <div><strong>attempt ${e.attempt}${e.kind === "snooze" ? " (snooze)" : ""}</strong> at ${when(e.failed_at)}: ${esc(e.error)}
-        ${e.traceback ? `<pre>${esc(e.traceback)}</pre>` : ""}</div>`).join("") : "<p>none</p>"}</div>
+      <h3>Timeline</h3>
+      <ol id="timeline" class="timeline">${timeline(job, errorItems).map(t => `
+        <li class="event ${esc(t.kind)}"><span class="when">${when(t.at)}</span> <strong>${esc(t.what)}</strong>${t.worker ? ` on <code>${esc(t.worker)}</code>` : ""}
+        ${t.error ? `<div class="error-text">${esc(t.error)}</div>` : ""}
+        ${t.traceback ? `<details><summary>stack</summary><pre>${esc(t.traceback)}</pre></details>` : ""}</li>`).join("")}</ol>
     </section>`;
   document.getElementById("retry-job").addEventListener("click", () => act(`Retry job ${id}`, "POST", `/v1/jobs/${id}/retry`, () => showJob(id)));
   document.getElementById("cancel-job").addEventListener("click", () => act(`Cancel job ${id}`, "POST", `/v1/jobs/${id}/cancel`, () => showJob(id)));
+}
+
+// A job's life as events, oldest first: enqueued; each attempt that failed or snoozed (with its worker, error
+// and stack, from the job's history); the latest attempt's start and worker; how it ended or when it runs next.
+function timeline(job, history) {
+  const events = [{at: job.created_at, kind: "enqueued", what: "enqueued"}];
+  for (const e of history) {
+    events.push({at: e.failed_at, kind: e.kind, worker: e.worker_id, error: e.error, traceback: e.traceback,
+                 what: e.kind === "snooze" ? `attempt ${e.attempt} snoozed` : `attempt ${e.attempt} failed`});
+  }
+  if (job.attempt_started_at && job.attempts > 0) {
+    events.push({at: job.attempt_started_at, kind: "started", worker: job.worker_id, what: `attempt ${job.attempts} started`});
+  }
+  const ends = {done: "done", dead: "dead: out of attempts", cancelled: "cancelled"};
+  if (ends[job.status] && job.finished_at) events.push({at: job.finished_at, kind: job.status, what: ends[job.status]});
+  if (job.status === "retrying") events.push({at: job.run_at, kind: "retrying", what: `attempt ${job.attempts + 1} due`});
+  return events.sort((a, b) => Date.parse(a.at) - Date.parse(b.at));
 }
 
 // ---------------------------------------------------------------- search across queues
@@ -276,6 +294,8 @@ async function showSearch(params) {
       <div class="toolbar">
         <button id="retry-selected" class="secondary">Retry selected</button>
         <button id="cancel-selected" class="danger">Cancel selected</button>
+        <button id="retry-matching" class="secondary">Retry all matching</button>
+        <button id="cancel-matching" class="danger">Cancel all matching</button>
         ${marker ? `<a href="${here}">First page</a>` : ""}
         ${page.next_marker ? `<a id="next-results" href="${here}&marker=${encodeURIComponent(page.next_marker)}">Next page</a>` : ""}
       </div>
@@ -298,8 +318,29 @@ async function showSearch(params) {
       say(`${action} failed: ${error.message}`, true);
     }
   };
+  // Over the whole filter: the confirmation says how many jobs match (counted up to what one call changes).
+  const bulkMatching = async action => {
+    const filterQuery = searchParams(text), filter = {};
+    for (const name of ["queue", "key", "error", "since", "until"]) if (filterQuery.get(name)) filter[name] = filterQuery.get(name);
+    if (filterQuery.getAll("status").length) filter.status = filterQuery.getAll("status");
+    if (filterQuery.get("payload")) filter.payload = JSON.parse(filterQuery.get("payload"));
+    try {
+      const counted = await api("GET", `/v1/jobs/count?${filterQuery}`);
+      const many = `${counted.count.toLocaleString("en")}${counted.more ? "+" : ""}`;
+      const verb = action === "retry" ? "Retry" : "Cancel";
+      if (!window.confirm(`${verb} ${many} job${counted.count === 1 ? "" : "s"} matching ${text ? `"${text}"` : "everything"}?` +
+                          (counted.more ? " (10,000 a click: click again for more)" : ""))) return;
+      const result = await api("POST", `/v1/jobs/${action}`, {filter, all: Object.keys(filter).length === 0});
+      say(`${action === "retry" ? "Retried" : "Cancelled"} ${result.count} of ${many} matching jobs`);
+      await showSearch(params);
+    } catch (error) {
+      say(`${action} failed: ${error.message}`, true);
+    }
+  };
   document.getElementById("retry-selected").addEventListener("click", () => bulk("retry"));
   document.getElementById("cancel-selected").addEventListener("click", () => bulk("cancel"));
+  document.getElementById("retry-matching").addEventListener("click", () => bulkMatching("retry"));
+  document.getElementById("cancel-matching").addEventListener("click", () => bulkMatching("cancel"));
 }
 
 // ---------------------------------------------------------------- workers and schedules
