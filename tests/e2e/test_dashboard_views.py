@@ -114,3 +114,26 @@ def test_a_job_enqueued_while_its_queue_page_is_open_appears_without_a_reload(db
         assert page.url.endswith("#/queues/views-live")
         browser.close()
     assert console_errors == []
+
+
+def test_the_keyboard_reaches_every_page_and_the_search_box(db_url, prefixed_server):
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        page, console_errors = _signed_in(browser, prefixed_server)
+        page.wait_for_selector("#queues")
+        for letter, address, loaded in (("w", "#/workers", "#workers"), ("c", "#/schedules", "#schedules"),
+                                        ("f", "#/workflows", "#workflows"), ("k", "#/spark", "#spark-streams"),
+                                        ("q", "#/", "#queues")):
+            page.keyboard.press("g")
+            page.keyboard.press(letter)
+            page.wait_for_selector(loaded)
+            assert page.url.endswith(address)
+        page.keyboard.press("/")
+        page.wait_for_selector("#search:focus")
+        page.keyboard.type("queue:none")  # typing in the box is not taken for keys
+        assert page.input_value("#search") == "queue:none" and "#/jobs" in page.url
+        page.locator("#search").blur()
+        page.keyboard.press("?")
+        assert "g w workers" in page.inner_text("#flash")
+        browser.close()
+    assert console_errors == []

@@ -503,6 +503,28 @@ document.getElementById("sign-out").addEventListener("click", event => {
 });
 window.addEventListener("hashchange", () => { say(""); route(); });
 
+// Keyboard: "/" searches, "g" then a letter goes to a page, "?" lists the keys; never while typing in a field.
+const GO_KEYS = {q: "#/", s: "#/jobs", w: "#/workers", c: "#/schedules", f: "#/workflows", k: "#/spark"};
+const KEYS_HELP = `Keys: / search · g q queues · g s search · g w workers · g c schedules · g f workflows · g k Spark · ? this help`;
+let pendingGo = false;
+document.addEventListener("keydown", event => {
+  const target = event.target;
+  if (event.ctrlKey || event.metaKey || event.altKey || (target && ["INPUT", "SELECT", "TEXTAREA"].includes(target.tagName))) return;
+  if (pendingGo) {
+    pendingGo = false;
+    if (GO_KEYS[event.key]) { event.preventDefault(); location.hash = GO_KEYS[event.key]; }
+    return;
+  }
+  if (event.key === "g") pendingGo = true;
+  else if (event.key === "?") say(KEYS_HELP);
+  else if (event.key === "/") {
+    event.preventDefault();
+    const focusSearch = () => { const box = document.getElementById("search"); if (box) box.focus(); };
+    if (location.hash.startsWith("#/jobs") && !/^#\/jobs\/\d/.test(location.hash)) focusSearch();
+    else { location.hash = "#/jobs"; setTimeout(function waitForBox() { document.getElementById("search") ? focusSearch() : setTimeout(waitForBox, 50); }, 50); }
+  }
+});
+
 // Live: the page in view is read again every REFRESH_MS while updates are on (the button pauses them), the
 // tab is visible, and the reader is not typing or holding a selection that a redraw would lose.
 const REFRESH_MS = 2000;
