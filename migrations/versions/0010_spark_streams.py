@@ -1,5 +1,4 @@
-"""Spark streaming queries reading outboxq (format "outboxq"): one row each, for operators and metrics; the
-worker of each attempt in a job's history
+"""Spark streaming queries reading outboxq (format "outboxq"): one row each, for operators and metrics
 
 Revision ID: 0010
 Revises: 0009
@@ -15,7 +14,7 @@ depends_on = None
 
 
 def upgrade() -> None:
-    """The outboxq_spark_streams table; outboxq_job_errors.worker_id."""
+    """The outboxq_spark_streams table."""
     op.create_table(
         "outboxq_spark_streams",
         sa.Column("name", sa.Text(), nullable=False),
@@ -32,10 +31,8 @@ def upgrade() -> None:
         sa.Column("stopped_at", sa.DateTime(timezone=True)),
         sa.PrimaryKeyConstraint("name"),
     )
-    op.add_column("outboxq_job_errors", sa.Column("worker_id", sa.Text()))
 
 
 def downgrade() -> None:
-    """Drop them."""
-    op.drop_column("outboxq_job_errors", "worker_id")
+    """Drop it."""
     op.drop_table("outboxq_spark_streams")
