@@ -245,6 +245,7 @@ class QueueSummary(BaseModel):
     failing_since: str | None
     counts: dict[str, int]
     limits: QueueLimitsPublic | None = None
+    lag_s: float = Field(0.0, description="seconds the oldest job ready to run has waited (0 when none is)")
     state: Literal["paused", "failing", "limited", "idle", "running"] = Field(
         description="paused; failing (its last attempts failed: backing off); limited (a limit binds now); idle "
                     "(nothing to run); running")

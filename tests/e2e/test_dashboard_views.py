@@ -48,7 +48,7 @@ def _views(job_id: int, workflow_id: int) -> dict[str, str]:
     """Each view's address (after /ui/) and a selector that shows it has loaded."""
     return {
         "#/": "#queues tr[data-queue='views-mail']",
-        "#/queues/views-mail": "#jobs tbody tr td a",
+        "#/queues/views-mail": "#queue-figures #queue-times",
         f"#/jobs/{job_id}": "#retry-job",
         "#/jobs?q=queue:views-mail": "#search-results tbody input.pick",
         "#/workers": "#workers tr[data-worker]",

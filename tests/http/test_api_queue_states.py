@@ -49,3 +49,14 @@ def test_queue_states_paused_failing_limited_idle_and_running(db_url):
     finally:
         release.set()
         worker.stop(timeout=5)
+
+
+def test_each_queue_says_how_long_its_oldest_ready_job_has_waited(db_url):
+    with psycopg.connect(db_url) as conn:
+        enqueue(conn, "lag-old", {"n": 1})
+        enqueue(conn, "lag-later", {"n": 1}, delay=3600)  # not ready: no lag
+        conn.execute("UPDATE outboxq_jobs SET run_at = now() - interval '90 seconds' WHERE queue = 'lag-old'")
+        conn.commit()
+    with api_client(db_url, scope=None) as api:
+        queues = {q["queue"]: q for q in api.get("/v1/queues", headers=auth("read")).json()["queues"]}
+    assert 90 <= queues["lag-old"]["lag_s"] < 120 and queues["lag-later"]["lag_s"] == 0

@@ -12,7 +12,7 @@ from outboxq.api.deps import IncludeResult, PoolDep, QueueName, transaction
 from outboxq.api.errors import error_responses
 from outboxq.api.routing import OutboxqRoute
 from outboxq.api.schemas import JobList, QueueList, job_public
-from outboxq.queue import admin, limits
+from outboxq.queue import admin, limits, sql
 from outboxq.queue.jobs import JobStatus
 
 router = APIRouter(tags=["queues"], route_class=OutboxqRoute)
@@ -26,6 +26,7 @@ def list_queues(pool: PoolDep) -> JSONResponse:
     with transaction(pool) as conn:
         queues = [q.to_dict() for q in admin.queue_counts(conn)]
         usage = {u["queue"]: u for u in limits.usage(conn)}
+        lags = {r["queue"]: r["lag_s"] for r in conn.execute(sql.metrics_queue_lag).fetchall()}
     for q in queues:
         q["limits"] = usage.pop(q["queue"], None)
     # A queue limited before any job of it was enqueued is listed too (no jobs yet).
@@ -33,6 +34,7 @@ def list_queues(pool: PoolDep) -> JSONResponse:
                 "limits": u} for name, u in usage.items()]
     for q in queues:
         q["state"] = admin.queue_state(q)
+        q["lag_s"] = round(max(0.0, lags.get(q["queue"]) or 0.0), 3)
     return JSONResponse({"queues": sorted(queues, key=lambda q: q["queue"]),
                          "finished_window_s": admin.FINISHED_COUNTS_WINDOW_S})
 

@@ -172,7 +172,13 @@ async function showQueue(queue, params) {
   const query = new URLSearchParams({limit: "50"});
   if (status) query.set("status", status);
   if (marker) query.set("marker", marker);
-  const page = await api("GET", `/v1/queues/${encodeURIComponent(queue)}/jobs?${query}`);
+  const name = encodeURIComponent(queue);
+  const [page, queuesData, throughput, times, retries] = await Promise.all([
+    api("GET", `/v1/queues/${name}/jobs?${query}`), api("GET", "/v1/queues"),
+    api("GET", `/v1/stats/throughput?minutes=60&queue=${name}`), api("GET", `/v1/stats/processing-time?queue=${name}`),
+    api("GET", `/v1/stats/retries?queue=${name}`)]);
+  const info = items(queuesData).find(q => q.queue === queue) || {}, time = items(times)[0] || {}, retry = items(retries)[0] || {};
+  const ms = value => value == null ? "–" : `${Math.round(value)} ms`;
   const rows = page.items.map(j => `
     <tr><td><a href="#/jobs/${j.id}">${j.id}</a></td><td>${esc(j.key)}</td><td>${statusBadge(j.status)}</td>
     <td class="num">${j.attempts}</td><td>${when(j.created_at)}</td><td>${esc(j.last_error)}</td></tr>`).join("");
@@ -188,6 +194,14 @@ async function showQueue(queue, params) {
       </div>
       <table id="jobs"><thead><tr><th>id</th><th>key</th><th>status</th><th>attempts</th><th>created</th><th>last error</th></tr></thead>
       <tbody>${rows || `<tr><td colspan="6">No jobs.</td></tr>`}</tbody></table>
+    </section>
+    <section class="card" id="queue-figures">
+      <h2>Last hour and day</h2>
+      <p>State ${statusBadge(info.state || "idle")} · lag <span id="queue-lag">${(info.lag_s ?? 0).toFixed(1)} s</span> (the oldest ready job's wait)</p>
+      ${chart(items(throughput))}
+      <table id="queue-times"><thead><tr><th>processing time (a day, successful attempts)</th><th>p50</th><th>p90</th><th>p95</th><th>p99</th><th>max</th></tr></thead>
+      <tbody><tr><td>${time.jobs ?? 0} jobs</td><td>${ms(time.p50_ms)}</td><td>${ms(time.p90_ms)}</td><td>${ms(time.p95_ms)}</td><td>${ms(time.p99_ms)}</td><td>${ms(time.max_ms)}</td></tr></tbody></table>
+      <p id="queue-retries">A day: ${retry.finished ?? 0} finished, ${retry.ok ?? 0} done, ${retry.dead ?? 0} dead, ${retry.retries ?? 0} retries.</p>
     </section>`;
   document.getElementById("status-filter").addEventListener("change", event => {
     location.hash = `#/queues/${encodeURIComponent(queue)}?status=${encodeURIComponent(event.target.value)}`;
