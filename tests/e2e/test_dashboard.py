@@ -39,21 +39,28 @@ def flaky_handler(payload, ctx):
 
 
 
-@pytest.fixture
-def server(db_url):
+def serving(db_url, command, prefix=""):
+    """Run `command` (with {port} filled in) as the dashboard's server on the test database until it answers
+    /healthz under `prefix`; yield its base URL (with the prefix), then stop it."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "DATABASE_URL": db_url, "OUTBOXQ_API_TOKENS": f"{TOKEN}:admin,{READ_TOKEN}:read", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "outboxq.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
-                            env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([part.format(port=port) for part in command], env=env, cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}{prefix}"
     try:
         wait_for(lambda: _answers(base + "/healthz"), timeout=30)
         yield base
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+@pytest.fixture
+def server(db_url):
+    """`outboxq serve`: the dashboard at /ui/."""
+    yield from serving(db_url, [sys.executable, "-m", "outboxq.cli", "serve", "--host", "127.0.0.1", "--port", "{port}"])
 
 
 def _answers(url):

@@ -4,9 +4,6 @@ light and dark screenshots of each (artifacts/screenshots/views/), an accessibil
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
 import sys
 from datetime import timedelta
 
@@ -19,8 +16,8 @@ from outboxq import Workflow, enqueue
 from outboxq.workers.periodic import Schedule
 from outboxq.workers.registry import Consumer
 from outboxq.workers.runner import Worker
-from tests.e2e.test_dashboard import ROOT, SHOTS, TOKEN, _answers, _signed_in
-from tests.support import CHROMIUM, CHROMIUM_ARGS, wait_for
+from tests.e2e.test_dashboard import SHOTS, _signed_in, serving
+from tests.support import CHROMIUM, CHROMIUM_ARGS
 
 PREFIX = "/outboxq"
 
@@ -28,20 +25,8 @@ PREFIX = "/outboxq"
 @pytest.fixture
 def prefixed_server(db_url):
     """uvicorn serving tests.prefixed_app (outboxq's router included at /outboxq); the base URL with the prefix."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "DATABASE_URL": db_url, "OUTBOXQ_API_TOKENS": f"{TOKEN}:admin", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "tests.prefixed_app:app", "--host", "127.0.0.1",
-                             "--port", str(port)], env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}{PREFIX}"
-    try:
-        wait_for(lambda: _answers(base + "/healthz"), timeout=30)
-        yield base
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+    yield from serving(db_url, [sys.executable, "-m", "uvicorn", "tests.prefixed_app:app", "--host", "127.0.0.1",
+                                "--port", "{port}"], PREFIX)
 
 
 def _views(job_id: int, workflow_id: int) -> dict[str, str]:
