@@ -13,6 +13,7 @@ from axe_playwright_python.sync_playwright import Axe
 from playwright.sync_api import sync_playwright
 
 from outboxq import Workflow, enqueue
+from outboxq.queue import limits
 from outboxq.workers.periodic import Schedule
 from outboxq.workers.registry import Consumer
 from outboxq.workers.runner import Worker
@@ -37,6 +38,7 @@ def _views(job_id: int, workflow_id: int) -> dict[str, str]:
         f"#/jobs/{job_id}": "#retry-job",
         "#/jobs?q=queue:views-mail": "#search-results tbody input.pick",
         "#/workers": "#workers tr[data-worker]",
+        "#/limits": "#limits tr[data-queue='views-mail']",
         "#/schedules": "#schedules tr[data-schedule='views-tick']",
         "#/workflows": "#workflows",
         f"#/workflows/{workflow_id}": "#workflow-graph",
@@ -106,7 +108,8 @@ def test_the_keyboard_reaches_every_page_and_the_search_box(db_url, prefixed_ser
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         page, console_errors = _signed_in(browser, prefixed_server)
         page.wait_for_selector("#queues")
-        for letter, address, loaded in (("w", "#/workers", "#workers"), ("c", "#/schedules", "#schedules"),
+        for letter, address, loaded in (("w", "#/workers", "#workers"), ("l", "#/limits", "#limits"),
+                                        ("c", "#/schedules", "#schedules"),
                                         ("f", "#/workflows", "#workflows"), ("k", "#/spark", "#spark-streams"),
                                         ("q", "#/", "#queues")):
             page.keyboard.press("g")
@@ -122,3 +125,26 @@ def test_the_keyboard_reaches_every_page_and_the_search_box(db_url, prefixed_ser
         assert "g w workers" in page.inner_text("#flash")
         browser.close()
     assert console_errors == []
+
+
+def test_the_limits_page_edits_a_queues_limits(db_url, prefixed_server):
+    with psycopg.connect(db_url) as conn:
+        enqueue(conn, "views-limited", {"n": 1})
+        conn.commit()
+    answers = ["4", "10/s"]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        page, console_errors = _signed_in(browser, prefixed_server)
+        page.on("dialog", lambda dialog: dialog.accept(answers.pop(0)))
+        page.wait_for_selector("#queues")
+        page.goto(f"{prefixed_server}/ui/#/limits")
+        row = "#limits tr[data-queue='views-limited']"
+        page.click(f"{row} button[data-action='limits']")
+        page.wait_for_selector("#flash:has-text('Limits of views-limited: changed')")
+        page.wait_for_selector(f"{row} td:has-text('10/s')")
+        assert "4" in page.locator(f"{row} td").nth(2).inner_text() and page.url.endswith("#/limits")
+        browser.close()
+    assert console_errors == []
+    with psycopg.connect(db_url) as conn:
+        stored = limits.load(conn)["views-limited"]
+    assert (stored.global_concurrency, stored.rate_limit) == (4, "10/s")

@@ -105,7 +105,7 @@ function limitsText(l) {
 
 // Change a queue's limits at run time (PUT /v1/queues/{queue}/limits): an empty answer removes a limit; what
 // is not a number goes to the API as typed, so its message says what to fix.
-async function changeLimits(queue, current) {
+async function changeLimits(queue, current, after = showQueues) {
   const concurrency = window.prompt(`Global concurrency of ${queue} (a number; empty for none)`,
     current && current.global_concurrency !== null ? String(current.global_concurrency) : "");
   if (concurrency === null) return;
@@ -116,7 +116,7 @@ async function changeLimits(queue, current) {
   try {
     await api("PUT", `/v1/queues/${encodeURIComponent(queue)}/limits`, body);
     say(`Limits of ${queue}: changed`);
-    await showQueues();
+    await after();
   } catch (error) {
     say(`Limits of ${queue} failed: ${error.message}`, true);
   }
@@ -162,6 +162,31 @@ async function showQueues() {
     }
     const labels = {pause: `Pause queue ${queue}`, resume: `Resume queue ${queue}`, retry: `Retry all errors of ${queue}`};
     button.addEventListener("click", () => act(labels[action], "POST", `/v1/queues/${encodeURIComponent(queue)}/${action}`, showQueues));
+  });
+}
+
+// ---------------------------------------------------------------- limits
+
+// Every queue's flow control: its limits, who set them, and their use now; each editable (changeLimits).
+async function showLimits() {
+  const queues = items(await api("GET", "/v1/queues"));
+  const cell = value => value === null || value === undefined ? "none" : esc(value);
+  const rows = queues.map(q => {
+    const l = q.limits;
+    return `<tr data-queue="${esc(q.queue)}"><td><a href="#/queues/${encodeURIComponent(q.queue)}">${esc(q.queue)}</a></td>
+      <td>${statusBadge(q.state || "idle")}</td><td class="num">${l ? cell(l.global_concurrency) : "none"}</td><td>${l ? cell(l.rate_limit) : "none"}</td>
+      <td>${l && l.per_key ? "per key" : "whole queue"}</td><td>${l ? esc(l.source) : ""}</td><td class="num">${l ? l.running : (q.counts || {}).running || 0}</td>
+      <td class="num">${l ? l.recent_starts : ""}</td><td>${l ? esc(l.busiest_keys.map(k => `${k.key}: ${k.running}`).join(", ")) : ""}</td>
+      <td><button class="secondary" data-action="limits">Edit</button></td></tr>`;
+  }).join("");
+  view.innerHTML = `
+    <section class="card"><h2>Limits</h2>
+    <table id="limits"><thead><tr><th>queue</th><th>state</th><th>concurrency</th><th>rate</th><th>applies to</th><th>set by</th>
+      <th>running</th><th>starts in the rate window</th><th>busiest keys</th><th><span class="visually-hidden">actions</span></th></tr></thead>
+    <tbody>${rows || `<tr><td colspan="10">No queues yet.</td></tr>`}</tbody></table></section>`;
+  view.querySelectorAll("tr[data-queue] button[data-action='limits']").forEach(button => {
+    const queue = button.closest("tr").dataset.queue;
+    button.addEventListener("click", () => changeLimits(queue, (queues.find(q => q.queue === queue) || {}).limits, showLimits));
   });
 }
 
@@ -497,6 +522,7 @@ async function route() {
     else if (parts[0] === "jobs" && parts[1]) await showJob(Number(parts[1]));
     else if (parts[0] === "jobs") await showSearch(params);
     else if (parts[0] === "workers") await showWorkers();
+    else if (parts[0] === "limits") await showLimits();
     else if (parts[0] === "schedules") await showSchedules();
     else if (parts[0] === "workflows" && parts[1]) await showWorkflow(Number(parts[1]));
     else if (parts[0] === "workflows") await showWorkflows();
@@ -518,8 +544,8 @@ document.getElementById("sign-out").addEventListener("click", event => {
 window.addEventListener("hashchange", () => { say(""); route(); });
 
 // Keyboard: "/" searches, "g" then a letter goes to a page, "?" lists the keys; never while typing in a field.
-const GO_KEYS = {q: "#/", s: "#/jobs", w: "#/workers", c: "#/schedules", f: "#/workflows", k: "#/spark"};
-const KEYS_HELP = `Keys: / search · g q queues · g s search · g w workers · g c schedules · g f workflows · g k Spark · ? this help`;
+const GO_KEYS = {q: "#/", s: "#/jobs", w: "#/workers", l: "#/limits", c: "#/schedules", f: "#/workflows", k: "#/spark"};
+const KEYS_HELP = `Keys: / search · g q queues · g s search · g w workers · g l limits · g c schedules · g f workflows · g k Spark · ? this help`;
 let pendingGo = false;
 document.addEventListener("keydown", event => {
   const target = event.target;
