@@ -422,7 +422,9 @@ def test_spark_submissions_beyond_the_running_and_pending_bound_get_a_429_with_r
             assert "spark_max_batches" in message and "spark_max_pending_batches" in message
             # A slot freed (its batch's process ended, whatever its row says): one more may wait for it.
             slots.pop().close()
-            assert api.post("/v1/spark/batches", json=body).status_code == 202
+            # (its backend lets go of the slot's lock when it has exited, a moment after the close; a refused
+            # submission writes nothing, so asking again until one is taken adds exactly one batch)
+            wait_for(lambda: api.post("/v1/spark/batches", json=body).status_code == 202, timeout=30, interval=0.1)
             slots.append(psycopg.connect(db_url, autocommit=True))  # a waiting batch takes the slot
             assert slots[-1].execute(spark_sql.spark_batch_try_slot, {"slot": 1}).fetchone()[0] is True
             assert api.post("/v1/spark/batches", json=body).status_code == 429

@@ -50,10 +50,15 @@ def _gone(pids):
 
 
 def test_jobs_run_in_every_process_and_sigterm_stops_them_all(db_url, tmp_path):
-    _fill(db_url, 12)
     sup = _supervisor(db_url, tmp_path / "w.log", "--processes", "2", "--concurrency", "2")
     try:
         kids = {k.pid for k in _children(sup, 2)}
+        # the jobs come once both children listen: on a loaded machine one child may start seconds after the
+        # other, which would run all twelve by itself
+        wait_for(lambda: all(any(f":{pid}:" in line and "started: queues" in line
+                                 for line in (tmp_path / "w.log").read_text().splitlines()) for pid in kids),
+                 timeout=60)
+        _fill(db_url, 12)
         wait_for(lambda: len(_run_pids(db_url)) == 2, timeout=60)
         assert _run_pids(db_url) == kids  # the children ran the jobs, the supervisor none
         sup.send_signal(signal.SIGTERM)
