@@ -112,11 +112,13 @@ FINISHED_COUNTS_WINDOW_S = 24 * 3600.0
 MAX_STATS_AGE_DAYS = 7
 
 
-def queue_counts(conn: Any) -> list[QueueInfo]:
-    """Every known queue with its counts per status (every status present, zero when none): unfinished jobs
-    all, finished ones (done, dead, cancelled) those of the last FINISHED_COUNTS_WINDOW_S seconds."""
+def queue_counts(conn: Any, queue: str | None = None) -> list[QueueInfo]:
+    """Every known queue (or only `queue`, when it is known) with its counts per status (every status present,
+    zero when none): unfinished jobs all, finished ones (done, dead, cancelled) those of the last
+    FINISHED_COUNTS_WINDOW_S seconds."""
     out = []
-    for r in statement_rows(conn, sql.queue_counts, {"finished_window_s": FINISHED_COUNTS_WINDOW_S}):
+    statement = sql.queue_counts if queue is None else sql.queue_counts_one
+    for r in statement_rows(conn, statement, {"finished_window_s": FINISHED_COUNTS_WINDOW_S, "queue": queue}):
         counts = {s.value: 0 for s in JobStatus}
         counts.update({k: int(v) for k, v in (r["counts"] or {}).items()})
         out.append(QueueInfo(r["queue"], r["paused"], r["failing_since"], counts))

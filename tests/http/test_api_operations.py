@@ -57,6 +57,29 @@ def test_queue_counts_of_finished_jobs_cover_the_last_day_only(api, db_url):
     assert "w" not in {q["queue"] for q in api.get("/v1/queues").json()["queues"]}
 
 
+def test_one_queue_is_counted_from_its_own_jobs_as_the_listing_counts_it(api, db_url):
+    ids = [api.post("/v1/queues/one/jobs", json={"payload": i}).json()["id"] for i in range(4)]
+    api.post("/v1/queues/other/jobs", json={"payload": 0})
+    with psycopg.connect(db_url) as conn:
+        conn.execute("UPDATE outboxq_jobs SET status = 'done', finished_at = now() - interval '2 days' "
+                     "WHERE id = %s", (ids[0],))
+        conn.execute("UPDATE outboxq_jobs SET status = 'dead', finished_at = now() WHERE id = %s", (ids[1],))
+        conn.execute("UPDATE outboxq_jobs SET run_at = now() - interval '30 seconds' WHERE id = %s", (ids[2],))
+    api.put("/v1/queues/one/limits", json={"global_concurrency": 3})
+    one = api.get("/v1/queues/one").json()
+    listed = {q["queue"]: q for q in api.get("/v1/queues").json()["queues"]}
+    assert one["counts"] == listed["one"]["counts"] and one["counts"]["dead"] == 1 and one["counts"]["done"] == 0
+    assert one["counts"]["queued"] == 2 and one["limits"]["global_concurrency"] == 3
+    assert one["state"] == listed["one"]["state"] and 29 <= one["lag_s"] <= listed["one"]["lag_s"] + 1
+    assert api.post("/v1/queues/one/pause").status_code == 200
+    assert api.get("/v1/queues/one").json()["state"] == "paused"
+    # A queue nobody has used: zero counts, idle; a name outside the pattern is a 422 that names it.
+    unused = api.get("/v1/queues/nobody").json()
+    assert unused["counts"]["queued"] == 0 and unused["state"] == "idle" and unused["limits"] is None
+    bad = api.get("/v1/queues/" + "x" * 200)
+    assert bad.status_code == 422 and "queue" in bad.text
+
+
 def test_stats_windows_are_bounded_to_a_week(api):
     assert api.get("/v1/stats/retries", params={"age_days": 7}).status_code == 200
     too_long = api.get("/v1/stats/processing-time", params={"age_days": 30})

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 from fastapi.responses import JSONResponse
@@ -11,7 +11,7 @@ from outboxq.api.auth import scoped
 from outboxq.api.deps import IncludeResult, PoolDep, QueueName, transaction
 from outboxq.api.errors import error_responses
 from outboxq.api.routing import OutboxqRoute
-from outboxq.api.schemas import JobList, QueueList, job_public
+from outboxq.api.schemas import JobList, QueueList, QueueSummary, job_public
 from outboxq.queue import admin, limits, sql
 from outboxq.queue.jobs import JobStatus
 
@@ -24,19 +24,39 @@ def list_queues(pool: PoolDep) -> JSONResponse:
     whether it is paused, its limits with their usage, and its state: paused, failing (its last attempts failed
     and it is backing off), limited (a limit binds now), idle or running."""
     with transaction(pool) as conn:
-        queues = [q.to_dict() for q in admin.queue_counts(conn)]
-        usage = {u["queue"]: u for u in limits.usage(conn)}
-        lags = {r["queue"]: r["lag_s"] for r in conn.execute(sql.metrics_queue_lag).fetchall()}
+        queues = _listing(conn)
+    return JSONResponse({"queues": queues, "finished_window_s": admin.FINISHED_COUNTS_WINDOW_S})
+
+
+@router.get("/v1/queues/{queue}", response_model=QueueSummary, **scoped("read"),
+            responses=error_responses(401, 403, 422))
+def get_queue(queue: QueueName, pool: PoolDep) -> JSONResponse:
+    """One queue as GET /v1/queues lists it, counted from its own jobs only (a queue's page asks this rather
+    than the whole listing); a queue nobody has used yet answers with zero counts."""
+    with transaction(pool) as conn:
+        found = _listing(conn, queue)
+    return JSONResponse(found[0] if found else _unused(queue, None) | {"state": "idle", "lag_s": 0.0})
+
+
+def _listing(conn: Any, queue: str | None = None) -> list[dict[str, Any]]:
+    """The queues' listing (or one queue's), each with its limits, state and lag, sorted by name."""
+    queues = [q.to_dict() for q in admin.queue_counts(conn, queue)]
+    usage = {u["queue"]: u for u in limits.usage(conn, queue)}
+    lag_sql, params = (sql.metrics_queue_lag, None) if queue is None else (sql.queue_lag_one, {"queue": queue})
+    lags = {r["queue"]: r["lag_s"] for r in conn.execute(lag_sql, params).fetchall()}
     for q in queues:
         q["limits"] = usage.pop(q["queue"], None)
     # A queue limited before any job of it was enqueued is listed too (no jobs yet).
-    queues += [{"queue": name, "paused": False, "failing_since": None, "counts": {s.value: 0 for s in JobStatus},
-                "limits": u} for name, u in usage.items()]
+    queues += [_unused(name, u) for name, u in usage.items()]
     for q in queues:
         q["state"] = admin.queue_state(q)
         q["lag_s"] = round(max(0.0, lags.get(q["queue"]) or 0.0), 3)
-    return JSONResponse({"queues": sorted(queues, key=lambda q: q["queue"]),
-                         "finished_window_s": admin.FINISHED_COUNTS_WINDOW_S})
+    return sorted(queues, key=lambda q: q["queue"])
+
+
+def _unused(queue: str, usage: dict[str, Any] | None) -> dict[str, Any]:
+    return {"queue": queue, "paused": False, "failing_since": None, "counts": {s.value: 0 for s in JobStatus},
+            "limits": usage}
 
 
 @router.get("/v1/queues/{queue}/errors", response_model=JobList, **scoped("read"),

@@ -57,30 +57,26 @@ ORDER BY b.minute
 #
 # One branch per unfinished status, each matching a partial index's predicate, so the cost follows the
 # unfinished jobs and never the finished history (tests/queue/test_query_plans.py checks the plans).
-metrics_unfinished_counts = """
-SELECT queue, 'queued' AS status, count(*) AS n FROM outboxq_jobs WHERE status = 'queued' GROUP BY queue
-UNION ALL
-SELECT queue, 'retrying', count(*) FROM outboxq_jobs WHERE status = 'retrying' GROUP BY queue
-UNION ALL
-SELECT queue, 'running', count(*) FROM outboxq_jobs WHERE status = 'running' GROUP BY queue
-UNION ALL
-SELECT queue, 'waiting', count(*) FROM outboxq_jobs WHERE status = 'waiting' GROUP BY queue
-"""
+def _unfinished_counts(queue_filter: str) -> str:
+    return "\nUNION ALL\n".join(
+        f"SELECT queue, '{status}' AS status, count(*) AS n FROM outboxq_jobs WHERE status = '{status}'"
+        f"{queue_filter} GROUP BY queue" for status in ("queued", "retrying", "running", "waiting"))
 
-# Every queue (with unfinished jobs, jobs finished within the window, or a row in outboxq_queues) and its
-# counts per status: unfinished ones from the metrics' partial-index branches, finished ones within the last
-# %(finished_window_s)s seconds through the finished_at index. The cost follows the unfinished jobs and the
-# window, never the whole finished history (GET /v1/queues, `outboxq queues`).
-queue_counts = f"""
+
+metrics_unfinished_counts = _unfinished_counts("")
+
+
+def _queue_counts(queue_filter: str) -> str:
+    return f"""
 WITH counted AS (
-    {metrics_unfinished_counts.strip()}
+    {_unfinished_counts(queue_filter)}
     UNION ALL
     SELECT queue, status, count(*) FROM outboxq_jobs
     WHERE status IN ('done', 'dead', 'cancelled')
-      AND finished_at >= now() - %(finished_window_s)s::float8 * interval '1 second'
+      AND finished_at >= now() - %(finished_window_s)s::float8 * interval '1 second'{queue_filter}
     GROUP BY queue, status
 ),
-names AS (SELECT queue FROM counted UNION SELECT queue FROM outboxq_queues)
+names AS (SELECT queue FROM counted UNION SELECT queue FROM outboxq_queues q WHERE true{queue_filter})
 SELECT n.queue,
        coalesce(q.paused, false) AS paused,
        q.failing_since,
@@ -91,12 +87,26 @@ LEFT JOIN outboxq_queues q ON q.queue = n.queue
 ORDER BY n.queue
 """
 
+
+# Every queue (with unfinished jobs, jobs finished within the window, or a row in outboxq_queues) and its
+# counts per status: unfinished ones from the metrics' partial-index branches, finished ones within the last
+# %(finished_window_s)s seconds through the finished_at index. The cost follows the unfinished jobs and the
+# window, never the whole finished history (GET /v1/queues, `outboxq queues`).
+queue_counts = _queue_counts("")
+# The same for one queue (GET /v1/queues/{queue}, a queue's page): its own jobs only.
+queue_counts_one = _queue_counts(" AND queue = %(queue)s")
+
 # Queue lag: how long the oldest job that could run now has been ready (0 when none is).
-metrics_queue_lag = """
+def _queue_lag(queue_filter: str) -> str:
+    return f"""
 SELECT queue, extract(epoch FROM now() - min(run_at))::float8 AS lag_s
-FROM outboxq_jobs WHERE status = 'queued' AND run_at <= now()
+FROM outboxq_jobs WHERE status = 'queued' AND run_at <= now(){queue_filter}
 GROUP BY queue
 """
+
+
+metrics_queue_lag = _queue_lag("")
+queue_lag_one = _queue_lag(" AND queue = %(queue)s")
 
 metrics_queue_states = "SELECT queue, paused, failing_since IS NOT NULL AS failing FROM outboxq_queues"
 
