@@ -474,15 +474,24 @@ def _fail_jobs(
         policy = retry_policy or RetryPolicy()
         claimed = {job.id: job for job in snapshot.jobs}  # attempts as counted by this snapshot's claim
         decisions = [policy.decide(claimed[i].attempts, claimed[i].max_attempts) for i in ids]
-    changed = _execute(conn, job_sql.job_fail_batch, {
-        "ids": ids, "lease_tokens": [snapshot.lease_token] * len(ids),
-        "statuses": [status for status, _ in decisions], "delays": [delay for _, delay in decisions],
-        "errors": errors, "tracebacks": [None if error_queue else traceback] * len(ids),
-        "mark_failing": not error_queue,
-    }).fetchall()
+    changed = write_failures(conn, ids, [snapshot.lease_token] * len(ids), decisions, errors,
+                             [None if error_queue else traceback] * len(ids), mark_failing=not error_queue)
     if len(changed) != len(ids):
         raise DeliveryFenced(f"snapshot {snapshot.id}: {len(ids) - len(changed)} failed jobs lost their lease")
     return len(changed)
+
+
+def write_failures(conn: DictConnection, ids: Sequence[int], lease_tokens: Sequence[Any],
+                   decisions: Sequence[tuple[str, float]], errors: Sequence[str | None],
+                   tracebacks: Sequence[str | None], *, mark_failing: bool) -> list[dict[str, Any]]:
+    """One failed attempt per job under its lease token (job_fail_batch): its retry decision (status, delay) and
+    its error, escaped and cut to MAX_ERROR_BYTES; the rows of the jobs whose lease still held."""
+    return _execute(conn, job_sql.job_fail_batch, {
+        "ids": list(ids), "lease_tokens": list(lease_tokens),
+        "statuses": [status for status, _ in decisions], "delays": [delay for _, delay in decisions],
+        "errors": [storable.diagnostic_text(e, MAX_ERROR_BYTES) for e in errors], "tracebacks": list(tracebacks),
+        "mark_failing": mark_failing,
+    }).fetchall()
 
 
 def fail_snapshot(

@@ -26,7 +26,6 @@ from pyspark.sql.types import StructType
 from outboxq.db import DictConnection, connect
 from outboxq.errors import InvalidInput
 from outboxq.queue import sql as job_sql
-from outboxq.queue import storable
 from outboxq.queue.backoff import RetryPolicy
 from outboxq.queue.enqueue import enqueue_many_written
 from outboxq.queue.sql import spark_stream as stream_sql
@@ -152,8 +151,6 @@ def _fail(conn: DictConnection, held: Sequence[dict[str, Any]], errors: dict[int
         return
     policy = RetryPolicy.from_settings(get_settings())
     decisions = [policy.decide(int(job["attempts"]), job["max_attempts"]) for job in held]
-    conn.execute(job_sql.job_fail_batch, {
-        "ids": [int(job["id"]) for job in held], "lease_tokens": [job["lease_token"] for job in held],
-        "statuses": [status for status, _ in decisions], "delays": [delay for _, delay in decisions],
-        "errors": [storable.diagnostic_text(errors[int(job["id"])], delivery.MAX_ERROR_BYTES) for job in held],
-        "tracebacks": [None] * len(held), "mark_failing": True})
+    delivery.write_failures(conn, [int(job["id"]) for job in held], [job["lease_token"] for job in held],
+                            decisions, [errors[int(job["id"])] for job in held], [None] * len(held),
+                            mark_failing=True)

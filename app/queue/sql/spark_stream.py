@@ -56,11 +56,13 @@ spark_stream_newest_job = """
 SELECT coalesce(max(id), 0) AS id FROM outboxq_jobs WHERE queue = %(queue)s
 """
 
-# The queue's ready jobs: the stream's lag.
-spark_stream_ready_count = """
-SELECT count(*) AS ready FROM outboxq_jobs
-WHERE queue = %(queue)s AND status IN ('queued', 'retrying') AND run_at <= now()
-"""
+# A queue's jobs ready to be read (the stream's lag), for the queue `queue_expression` names.
+def _ready_count(queue_expression: str) -> str:
+    return ("SELECT count(*) AS ready FROM outboxq_jobs j "
+            f"WHERE j.queue = {queue_expression} AND j.status IN ('queued', 'retrying') AND j.run_at <= now()")
+
+
+spark_stream_ready_count = _ready_count("%(queue)s")
 
 # A snapshot of the stream newer than the micro-batch's start that no micro-batch has read yet: claimed by a
 # query that stopped before Spark recorded the offset. The next micro-batch takes it instead of a new claim.
@@ -128,12 +130,11 @@ STREAM_LAPSE_S = 60.0
 
 # Streams seen within the lapse (running) and the newest stopped ones, with how many jobs their queue has ready
 # (the lag).
-spark_stream_list = """
+spark_stream_list = f"""
 SELECT s.name, s.queue, s.application_id, s.host, s.pid, s.epoch, s.micro_batches, s.jobs_read,
        s.lease_renewals, s.started_at, s.last_seen_at, s.stopped_at,
        s.stopped_at IS NULL AND s.last_seen_at > now() - %(lapse_s)s::float8 * interval '1 second' AS running,
-       (SELECT count(*) FROM outboxq_jobs j
-        WHERE j.queue = s.queue AND j.status IN ('queued', 'retrying') AND j.run_at <= now()) AS lag
+       ({_ready_count("s.queue")}) AS lag
 FROM outboxq_spark_streams s
 ORDER BY running DESC, s.last_seen_at DESC
 LIMIT %(limit)s
