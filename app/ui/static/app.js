@@ -24,7 +24,9 @@ let renderSeq = 0;
 // outboxq's router at (/outboxq/ui/ calls /outboxq/v1/...).
 const API_BASE = location.pathname.replace(/\/ui\/[^/]*$/, "");
 
-async function api(method, path, body) {
+// An action's own reads (the count its confirmation shows) pass keepIfStale: a refresh never cancels what the
+// reader clicked.
+async function api(method, path, body, keepIfStale = false) {
   const started = renderSeq;
   const headers = {"Authorization": "Bearer " + token()};
   if (body !== undefined) headers["Content-Type"] = "application/json";
@@ -33,7 +35,7 @@ async function api(method, path, body) {
   const data = response.status === 204 ? null : await response.json().catch(() => null);
   if (response.status === 401) { sessionStorage.removeItem("outboxq_token"); route(); throw new Error("signed out"); }
   if (!response.ok) throw new Error((data && data.error && data.error.message) || response.statusText);
-  if (method === "GET" && started !== renderSeq) throw new Error("stale");
+  if (method === "GET" && !keepIfStale && started !== renderSeq) throw new Error("stale");
   return data;
 }
 
@@ -51,8 +53,19 @@ function when(iso) {
   return `<time datetime="${esc(iso)}" title="${esc(new Date(iso).toISOString())}">${text}</time>`;
 }
 
+// Actions under way: the live refresh waits for them, so it never repaints a page an action is about to.
+let acting = 0;
+async function whileActing(work) {
+  acting += 1;
+  try { return await work(); } finally { acting -= 1; }
+}
+
 async function act(label, method, path, after) {
   if (!window.confirm(`${label}?`)) return;
+  await whileActing(() => actNow(label, method, path, after));
+}
+
+async function actNow(label, method, path, after) {
   try {
     const result = await api(method, path);
     say(`${label}: done` + (result && result.retried !== undefined ? ` (${result.retried} jobs)` : ""));
@@ -357,7 +370,7 @@ async function showSearch(params) {
     event.preventDefault();
     location.hash = `#/jobs?q=${encodeURIComponent(document.getElementById("search").value.trim())}`;
   });
-  const bulk = async action => {
+  const bulk = action => whileActing(async () => {
     const ids = [...view.querySelectorAll("input.pick:checked")].map(box => Number(box.value));
     if (!ids.length) return say("Select jobs first.", true);
     if (!window.confirm(`${action === "retry" ? "Retry" : "Cancel"} ${ids.length} job${ids.length === 1 ? "" : "s"}?`)) return;
@@ -368,15 +381,15 @@ async function showSearch(params) {
     } catch (error) {
       say(`${action} failed: ${error.message}`, true);
     }
-  };
+  });
   // Over the whole filter: the confirmation says how many jobs match (counted up to what one call changes).
-  const bulkMatching = async action => {
+  const bulkMatching = action => whileActing(async () => {
     const filterQuery = searchParams(text), filter = {};
     for (const name of ["queue", "key", "error", "since", "until"]) if (filterQuery.get(name)) filter[name] = filterQuery.get(name);
     if (filterQuery.getAll("status").length) filter.status = filterQuery.getAll("status");
     if (filterQuery.get("payload")) filter.payload = JSON.parse(filterQuery.get("payload"));
     try {
-      const counted = await api("GET", `/v1/jobs/count?${filterQuery}`);
+      const counted = await api("GET", `/v1/jobs/count?${filterQuery}`, undefined, true);
       const many = `${counted.count.toLocaleString("en")}${counted.more ? "+" : ""}`;
       const verb = action === "retry" ? "Retry" : "Cancel";
       if (!window.confirm(`${verb} ${many} job${counted.count === 1 ? "" : "s"} matching ${text ? `"${text}"` : "everything"}?` +
@@ -387,7 +400,7 @@ async function showSearch(params) {
     } catch (error) {
       say(`${action} failed: ${error.message}`, true);
     }
-  };
+  });
   document.getElementById("retry-selected").addEventListener("click", () => bulk("retry"));
   document.getElementById("cancel-selected").addEventListener("click", () => bulk("cancel"));
   document.getElementById("retry-matching").addEventListener("click", () => bulkMatching("retry"));
@@ -589,7 +602,7 @@ liveToggle.addEventListener("click", () => {
 });
 setInterval(async () => {
   const busy = document.activeElement && ["INPUT", "SELECT", "TEXTAREA"].includes(document.activeElement.tagName);
-  if (!live || refreshing || busy || document.hidden || !token() || view.querySelector("input.pick:checked")) return;
+  if (!live || refreshing || acting || busy || document.hidden || !token() || view.querySelector("input.pick:checked")) return;
   refreshing = true;
   try { await route(); } finally { refreshing = false; }
 }, REFRESH_MS);
