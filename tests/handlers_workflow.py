@@ -19,8 +19,9 @@ SEQUENCE_DDL = ("CREATE TABLE IF NOT EXISTS test_seq_runs (job_id bigint, sequen
 
 
 def _step(payload: dict, ctx: JobContext) -> dict:
-    """Record the step's effect once; fail first when the payload says so; return a result for the next."""
-    if payload.get("fail"):
+    """Record the step's effect once; fail first when the payload says so ("fail", or "fail_until" a file
+    exists); return a result for the next."""
+    if payload.get("fail") or (payload.get("fail_until") and not os.path.exists(payload["fail_until"])):
         raise RuntimeError(f"step {ctx.step} fails as asked")
     time.sleep(payload.get("seconds", 0))
     parents = ctx.parent_results

@@ -51,6 +51,12 @@ def test_a_workflow_is_written_read_listed_cancelled_and_refused_retry_with_the_
     listed = api.get("/v1/workflows", headers=auth("read")).json()
     assert listed["items"][0]["id"] == workflow_id and listed["items"][0]["unfinished"] == 4
 
+    assert api.post("/v1/workflows", json=DIAMOND, headers=auth("read")).status_code == 403  # writing needs enqueue
+    assert _written(db_url) == (1, 4)
+    for path in ("cancel", "retry"):  # acting on a workflow needs admin
+        for scope in ("read", "enqueue"):
+            assert api.post(f"/v1/workflows/{workflow_id}/{path}", headers=auth(scope)).status_code == 403
+    assert api.get(f"/v1/workflows/{workflow_id}", headers=auth("read")).json()["status"] == "running"
     assert api.post(f"/v1/workflows/{workflow_id}/cancel", headers=auth("read")).status_code == 403
     cancelled = api.post(f"/v1/workflows/{workflow_id}/cancel", headers=auth("admin"))
     assert cancelled.status_code == 200 and cancelled.json() == {"cancelled": 4}

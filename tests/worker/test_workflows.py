@@ -161,6 +161,60 @@ def test_a_failed_middle_step_fails_the_workflow_cancels_the_join_and_retry_runs
     assert {e["step"] for e in _effects(db_url)} == {"fetch", "right", "cleanup"}
 
 
+def test_a_failed_workflow_retried_once_its_cause_is_gone_ends_done_and_its_join_sees_both(tables, tmp_path):
+    db_url, fixed = tables, tmp_path / "fixed"
+    with psycopg.connect(db_url) as conn:
+        wf = Workflow("retried")
+        fetch = wf.step("fetch", queue="wf-fetch", payload={"value": 1})
+        left = wf.step("left", queue="wf-left", payload={"value": 10, "fail_until": str(fixed)}, after=[fetch])
+        right = wf.step("right", queue="wf-right", payload={"value": 100}, after=[fetch])
+        wf.step("join", queue="wf-join", payload={}, after=[left, right])
+        workflow_id = wf.enqueue(conn)
+        conn.commit()
+    workers = _workers(db_url, tmp_path / "w.log", count=1)
+    try:
+        wait_for(lambda: _statuses(db_url, workflow_id) == {
+            "fetch": "done", "left": "dead", "right": "done", "join": "cancelled"}, timeout=60)
+        fixed.write_text("the downstream is back")
+        with psycopg.connect(db_url) as c:
+            assert get_workflow(c, workflow_id).status == "failed"
+            assert retry_workflow(c, workflow_id) == {"retried": 1, "waiting": 1}
+            c.commit()
+        wait_for(lambda: set(_statuses(db_url, workflow_id).values()) == {"done"}, timeout=60)
+    finally:
+        stop_processes(*workers)
+    with psycopg.connect(db_url) as c:
+        assert get_workflow(c, workflow_id).status == "done"
+    effects = {e["step"]: e for e in _effects(db_url)}
+    assert sorted(e["step"] for e in _effects(db_url)) == ["fetch", "join", "left", "right"]  # each once
+    assert effects["join"]["parents"] == {"left": {"step": "left", "value": 10},
+                                          "right": {"step": "right", "value": 100}}
+
+
+def test_a_workflow_cancelled_while_a_step_runs_commits_nothing_of_it_and_runs_nothing_after(tables, tmp_path):
+    db_url = tables
+    with psycopg.connect(db_url) as conn:
+        wf = Workflow("cancelled-mid-run")
+        slow = wf.step("slow", queue="wf-fetch", payload={"value": 1, "seconds": 4})
+        wf.step("next", queue="wf-left", payload={"value": 2}, after=[slow])
+        workflow_id = wf.enqueue(conn)
+        conn.commit()
+    workers = _workers(db_url, tmp_path / "w.log", count=1)
+    try:
+        wait_for(lambda: _statuses(db_url, workflow_id)["slow"] == "running", timeout=60)
+        with psycopg.connect(db_url) as c:
+            assert cancel_workflow(c, workflow_id) == 2
+            c.commit()
+        wait_for(lambda: set(_statuses(db_url, workflow_id).values()) == {"cancelled"}, timeout=60)
+        # past the slow step's sleep: had its lease not been fenced, its effect would be committed by now
+        time.sleep(5)
+    finally:
+        stop_processes(*workers)
+    with psycopg.connect(db_url) as c:
+        assert get_workflow(c, workflow_id).status == "cancelled"
+    assert _effects(db_url) == []
+
+
 def test_a_cancelled_workflow_runs_nothing_more_and_cannot_be_retried(tables, db_url, tmp_path):
     with psycopg.connect(db_url) as conn:
         workflow_id = _diamond("cancelled").enqueue(conn)
@@ -308,7 +362,7 @@ def _count(db_url: str, query: str) -> int:
         return c.execute(query).fetchone()[0]
 
 
-def test_a_dead_job_holds_its_sequence_until_cancelled_unless_continue(db_url):
+def test_a_dead_job_holds_its_sequence_until_cancelled_or_retried_unless_continue(db_url):
     with psycopg.connect(db_url, row_factory=dict_row) as conn:
         first = enqueue(conn, "s", {}, sequence="acct-1")
         second = enqueue(conn, "s", {}, sequence="acct-1")
@@ -331,6 +385,23 @@ def test_a_dead_job_holds_its_sequence_until_cancelled_unless_continue(db_url):
         promote.run_once(conn)
         assert get_job(conn, second.id).status == "queued"
         assert get_job(conn, third.id).status == "waiting"  # still one at a time
+
+        # retried instead of cancelled: the dead job runs again first, and the sequence goes on once it is done
+        dead = enqueue(conn, "s", {}, sequence="acct-3")
+        behind = enqueue(conn, "s", {}, sequence="acct-3")
+        conn.commit()
+        conn.execute("UPDATE outboxq_jobs SET status = 'dead', finished_at = now() WHERE id = %s", (dead.id,))
+        conn.commit()
+        promote.run_once(conn)
+        assert get_job(conn, behind.id).status == "waiting"
+        assert admin.retry_job(conn, dead.id).status == "queued"
+        conn.commit()
+        promote.run_once(conn)
+        assert get_job(conn, behind.id).status == "waiting"  # its turn comes after the retried job's
+        conn.execute("UPDATE outboxq_jobs SET status = 'done', finished_at = now() WHERE id = %s", (dead.id,))
+        conn.commit()
+        promote.run_once(conn)
+        assert get_job(conn, behind.id).status == "queued"
 
 
 def test_a_sequence_needs_a_transaction_and_a_valid_name(db_url):
