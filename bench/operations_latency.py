@@ -72,5 +72,15 @@ if __name__ == "__main__":
         print(f"  {name:34} {timed(database, lambda c, f=job_filter: search.search_jobs(c, f, limit=50)):8.1f}")
     print(f"  {'bulk retry, filter matches nothing':34} "
           f"{timed(database, lambda c: search.bulk_retry(c, job_filter=search.JobFilter(queue='none'))):8.1f}")
+    print(f"  {'count, queue + status dead':34} "
+          f"{timed(database, lambda c: search.count_jobs(c, cases['search, queue + status dead'])):8.1f}")
+    print(f"  {'count, no filter (capped)':34} {timed(database, lambda c: search.count_jobs(c, search.JobFilter())):8.1f}")
+    # The dashboard's overview and a queue's page: every finished job is within the day here (the worst case).
+    print(f"  {'queues listing (a day finished)':34} {timed(database, admin.queue_counts):8.1f}")
+    print(f"  {'one queue':34} {timed(database, lambda c: admin.queue_counts(c, 'q3')):8.1f}")
+    print(f"  {'throughput, an hour':34} {timed(database, admin.throughput):8.1f}")
+    print(f"  {'processing time, a queue, a day':34} "
+          f"{timed(database, lambda c: admin.processing_time_stats(c, queue='q3')):8.1f}")
+    print(f"  {'retries, a queue, a day':34} {timed(database, lambda c: admin.retry_stats(c, queue='q3')):8.1f}")
     print(f"  {'live workers':34} {timed(database, admin.live_workers):8.1f}")
     print(f"  {'workflows listing':34} {timed(database, list_workflows):8.1f}")

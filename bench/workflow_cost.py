@@ -1,5 +1,6 @@
-"""What workflows and sequences cost: a diamond's wall time against four plain jobs, a sequence's drain against
-a plain queue's, and the workflow detail and listing queries beside a history of finished steps.
+"""What workflows and sequences cost: a diamond's wall time against four plain jobs, a 1,000-step workflow's
+write, a sequence's drain against a plain queue's, and the workflow detail and listing queries beside a history
+of finished steps.
 
     python bench/workflow_cost.py [postgresql://root@127.0.0.1:5432/root] [finished steps, default 1000000]
 
@@ -63,6 +64,23 @@ def handoff(url: str) -> tuple[float, float]:
     return statistics.median(diamonds), statistics.median(plains)
 
 
+def thousand_steps_written(url: str, runs: int = 5) -> tuple[float, float]:
+    """Best and median seconds to write (and commit) one workflow of 1,000 steps: a root, 998 steps after it, a
+    join after all of them."""
+    samples = []
+    with psycopg.connect(url) as conn:
+        for _ in range(runs):
+            wf = Workflow("thousand")
+            root = wf.step("root", queue="fetch")
+            middle = [wf.step(f"m{n}", queue="left", after=[root]) for n in range(998)]
+            wf.step("join", queue="join", after=middle)
+            started = time.perf_counter()
+            wf.enqueue(conn)
+            conn.commit()
+            samples.append(time.perf_counter() - started)
+    return min(samples), statistics.median(samples)
+
+
 def sequence_drain(url: str, jobs: int = 2000, sequences: int = 10) -> tuple[float, float]:
     """Jobs/s of `jobs` no-op jobs in `sequences` sequences, and of as many plain jobs."""
     with psycopg.connect(url) as conn:
@@ -114,3 +132,7 @@ if __name__ == "__main__":
     sequenced, unsequenced = sequence_drain(database)
     print(f"sequences: 2,000 jobs in 10 sequences {sequenced:,.0f} jobs/s; 2,000 plain jobs {unsequenced:,.0f} jobs/s")
     detail_queries(database, HISTORY)
+    # last: its workflows stay unfinished (nothing runs their queues any more)
+    best, median = thousand_steps_written(database)
+    print(f"a workflow of 1,000 steps (a root, 998 after it, a join after all) written and committed in "
+          f"{best * 1000:.1f} ms (best of 5), {median * 1000:.1f} ms (median)")
