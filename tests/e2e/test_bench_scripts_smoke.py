@@ -59,13 +59,22 @@ def test_workflow_cost_runs(pg_server_url):
     out = _run("workflow_cost.py", pg_server_url, "2000")
     assert "hand-off: a diamond" in out and "sequences: 2,000 jobs" in out
     assert "outboxq_jobs_workflow_step_idx" in out and "Execution Time" in out
+    assert "a workflow of 1,000 steps" in out
 
 
 def test_operations_latency_runs(pg_server_url):
     out = _run("operations_latency.py", pg_server_url, "3000")
     assert "beside 3,000 finished jobs" in out and "search, matches nothing" in out and "live workers" in out
+    assert "queues listing" in out and "one queue" in out and "count, no filter" in out
 
 
 def test_dashboard_load_runs(pg_server_url):
     out = _run("dashboard_load.py", pg_server_url, "2", "3", "2000")
     assert "2 dashboards reading the overview" in out and "of one core" in out
+
+
+def test_drain_skew_runs(pg_server_url):
+    out = _run("drain_skew.py", pg_server_url, "1", "2000", "2")
+    assert "round 1:" in out and "jobs/s from the first job started" in out
+    ran = [int(line.split()[1].replace(",", "")) for line in out.splitlines() if "jobs  first at" in line]
+    assert sum(ran) == 2000  # every job, by the worker processes listed
