@@ -27,6 +27,12 @@ PROCESSES = int(sys.argv[4]) if len(sys.argv) > 4 else 2
 HERE = Path(__file__).resolve().parent
 
 
+def checkpoints() -> int:
+    """Checkpoints the server has begun so far (timed and requested): one during a drain slows its writes."""
+    with psycopg.connect(ADMIN, autocommit=True) as conn:
+        return int(conn.execute("SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter").fetchone()[0])
+
+
 def one_round(number: int) -> None:
     url = fresh_database(ADMIN, "outboxq_drainskew")
     with psycopg.connect(url, autocommit=True) as conn:
@@ -34,6 +40,7 @@ def one_round(number: int) -> None:
             with conn.transaction():
                 enqueue_many(conn, "skew", [{}] * min(10_000, JOBS - start))
         conn.execute("VACUUM ANALYZE outboxq_jobs")
+    checkpoints_before = checkpoints()
     env = {**os.environ, "DATABASE_URL": url, "PYTHONPATH": str(HERE)}
     launched = time.time()
     worker = subprocess.Popen([sys.executable, "-m", "outboxq.cli", "--log-level", "WARNING", "worker",
@@ -50,10 +57,16 @@ def one_round(number: int) -> None:
     finally:
         worker.terminate()
         worker.wait(timeout=30)
+    checkpoints_during = checkpoints() - checkpoints_before
+    time.sleep(1.0)  # (the statistics' counters reach the views within a second)
+    with psycopg.connect(url, autocommit=True) as conn:
+        vacuums, analyzes = conn.execute("SELECT autovacuum_count, autoanalyze_count FROM pg_stat_user_tables "
+                                         "WHERE relname = 'outboxq_jobs'").fetchone()
     first = min(float(r[2]) for r in rows)
     last = max(float(r[3]) for r in rows)
     print(f"round {number}: {JOBS / (last - first):,.0f} jobs/s from the first job started to the last finished; "
-          f"first job {first - launched:.2f} s after the launch")
+          f"first job {first - launched:.2f} s after the launch; checkpoints begun meanwhile: {checkpoints_during}; "
+          f"autovacuums of the jobs {vacuums}, autoanalyzes {analyzes}")
     for worker_id, count, started, finished in rows:
         print(f"    {worker_id:>40}  {count:>7,} jobs  first at +{float(started) - first:5.2f} s  "
               f"last at +{float(finished) - first:5.2f} s")
