@@ -30,7 +30,11 @@ HERE = Path(__file__).resolve().parent
 def checkpoints() -> int:
     """Checkpoints the server has begun so far (timed and requested): one during a drain slows its writes."""
     with psycopg.connect(ADMIN, autocommit=True) as conn:
-        return int(conn.execute("SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter").fetchone()[0])
+        if conn.info.server_version >= 170000:  # (PostgreSQL 17 moved them to a view of their own)
+            query = "SELECT num_timed + num_requested FROM pg_stat_checkpointer"
+        else:
+            query = "SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter"
+        return int(conn.execute(query).fetchone()[0])
 
 
 def one_round(number: int) -> None:
