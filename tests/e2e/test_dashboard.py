@@ -253,6 +253,30 @@ def test_a_workflow_is_drawn_with_each_steps_state_and_cancelled_from_its_page(d
         assert get_workflow(conn, workflow_id).status == "cancelled"
 
 
+def test_a_job_held_by_a_dead_job_of_its_sequence_says_so_on_its_page(db_url, server):
+    from outboxq.workers.maintenance import promote
+
+    with psycopg.connect(db_url) as conn:
+        dead = enqueue(conn, "ui-seq", {}, sequence="customer-7")
+        held = enqueue(conn, "ui-seq", {}, sequence="customer-7")
+        conn.commit()
+        conn.execute("UPDATE outboxq_jobs SET status = 'dead', finished_at = now() WHERE id = %s", (dead.id,))
+        conn.commit()
+        promote.run_once(conn)
+        conn.commit()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        page, console_errors = _signed_in(browser, server)
+        page.wait_for_selector("#queues")
+        page.goto(f"{server}/ui/#/jobs/{held.id}")
+        page.wait_for_selector("#job-waiting-reason")
+        assert "sequence customer-7" in page.inner_text("#job-sequence")
+        reason = page.inner_text("#job-waiting-reason")
+        assert "is dead" in reason and str(dead.id) in reason
+        browser.close()
+    assert console_errors == []
+
+
 def test_search_with_qualifiers_selects_and_retries_and_the_workers_and_schedules_pages_act(db_url, server):
     """The search box's qualifiers give the URL's results; selected jobs are retried after a confirmation that
     names how many; the workers page lists a live worker; the schedules page runs one now and pauses it."""
