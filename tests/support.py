@@ -50,6 +50,21 @@ def claim_running(url: str, queue: str, limit_keys: list[str]) -> None:
         assert len(worker.claim(conn, consumer, len(limit_keys))) == len(limit_keys)
 
 
+def sequence_held_by_a_dead_job(conn, queue: str, sequence: str):
+    """Two jobs of `sequence`; the first made dead and the promotion run: (the dead job, the one it holds)."""
+    from outboxq import enqueue
+    from outboxq.workers.maintenance import promote
+
+    dead = enqueue(conn, queue, {}, sequence=sequence)
+    held = enqueue(conn, queue, {}, sequence=sequence)
+    conn.commit()
+    conn.execute("UPDATE outboxq_jobs SET status = 'dead', finished_at = now() WHERE id = %s", (dead.id,))
+    conn.commit()
+    promote.run_once(conn)
+    conn.commit()
+    return dead, held
+
+
 def stop_processes(*procs) -> None:
     """SIGTERM each process still running (None entries are skipped), then wait for each; kill what hangs."""
     import signal

@@ -22,7 +22,7 @@ from outboxq.queue import limits
 from outboxq.queue.jobs import JobStatus
 from outboxq.workers.registry import Consumer
 from outboxq.workers.runner import Worker
-from tests.support import CHROMIUM, CHROMIUM_ARGS, wait_for
+from tests.support import CHROMIUM, CHROMIUM_ARGS, sequence_held_by_a_dead_job, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "artifacts" / "screenshots"
@@ -254,16 +254,8 @@ def test_a_workflow_is_drawn_with_each_steps_state_and_cancelled_from_its_page(d
 
 
 def test_a_job_held_by_a_dead_job_of_its_sequence_says_so_on_its_page(db_url, server):
-    from outboxq.workers.maintenance import promote
-
     with psycopg.connect(db_url) as conn:
-        dead = enqueue(conn, "ui-seq", {}, sequence="customer-7")
-        held = enqueue(conn, "ui-seq", {}, sequence="customer-7")
-        conn.commit()
-        conn.execute("UPDATE outboxq_jobs SET status = 'dead', finished_at = now() WHERE id = %s", (dead.id,))
-        conn.commit()
-        promote.run_once(conn)
-        conn.commit()
+        dead, held = sequence_held_by_a_dead_job(conn, "ui-seq", "customer-7")
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         page, console_errors = _signed_in(browser, server)

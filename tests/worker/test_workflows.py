@@ -33,7 +33,7 @@ from outboxq.queue import admin
 from outboxq.workers.maintenance import promote
 from tests.handlers_runtime import isolated_registry  # noqa: F401
 from tests.handlers_workflow import EFFECTS_DDL, SEQUENCE_DDL
-from tests.support import stop_processes, wait_for
+from tests.support import sequence_held_by_a_dead_job, stop_processes, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -387,12 +387,7 @@ def test_a_dead_job_holds_its_sequence_until_cancelled_or_retried_unless_continu
         assert get_job(conn, third.id).status == "waiting"  # still one at a time
 
         # retried instead of cancelled: the dead job runs again first, and the sequence goes on once it is done
-        dead = enqueue(conn, "s", {}, sequence="acct-3")
-        behind = enqueue(conn, "s", {}, sequence="acct-3")
-        conn.commit()
-        conn.execute("UPDATE outboxq_jobs SET status = 'dead', finished_at = now() WHERE id = %s", (dead.id,))
-        conn.commit()
-        promote.run_once(conn)
+        dead, behind = sequence_held_by_a_dead_job(conn, "s", "acct-3")
         assert get_job(conn, behind.id).status == "waiting"
         assert admin.retry_job(conn, dead.id).status == "queued"
         conn.commit()
