@@ -210,20 +210,15 @@ class Client(_Base):
     def list_jobs(self, queue: str, *, status: str | None = None, limit: int = 100,
                   marker: str | None = None) -> JobPage:
         """One page of a queue's jobs in enqueue order."""
-        params = {k: v for k, v in {"status": status, "limit": limit, "marker": marker}.items() if v is not None}
-        data = self.request("GET", f"/v1/queues/{queue}/jobs", params=params)
-        return JobPage([JobInfo.from_json(j) for j in data["items"]], data.get("next_marker"))
+        return _job_page(self.request("GET", f"/v1/queues/{queue}/jobs", params=_page_params(status, limit, marker)))
 
     def queues(self) -> list[dict[str, Any]]:
         """Each queue with its counts per status and whether it is paused."""
-        data = self.request("GET", "/v1/queues")
-        return data["queues"] if isinstance(data, dict) and "queues" in data else data
+        return _queue_list(self.request("GET", "/v1/queues"))
 
     def errors(self, queue: str) -> list[JobInfo]:
         """Retrying and dead jobs of a queue."""
-        data = self.request("GET", f"/v1/queues/{queue}/errors")
-        items = data["items"] if isinstance(data, dict) else data
-        return [JobInfo.from_json(j) for j in items]
+        return _error_jobs(self.request("GET", f"/v1/queues/{queue}/errors"))
 
     def retry_job(self, job_id: int) -> JobInfo:
         """Run a retrying, dead or cancelled job again now (admin)."""
@@ -231,8 +226,7 @@ class Client(_Base):
 
     def retry_queue(self, queue: str) -> int:
         """Retry every retrying and dead job of the queue (admin); how many."""
-        data = self.request("POST", f"/v1/queues/{queue}/retry")
-        return int(data["retried"] if isinstance(data, dict) else data)
+        return _retried(self.request("POST", f"/v1/queues/{queue}/retry"))
 
     def cancel_job(self, job_id: int) -> JobInfo:
         """Cancel a job (admin)."""
@@ -245,6 +239,27 @@ class Client(_Base):
     def resume(self, queue: str) -> None:
         """Resume a queue (admin)."""
         self.request("POST", f"/v1/queues/{queue}/resume")
+
+
+# What the sync and async clients make of the answers they share.
+def _page_params(status: str | None, limit: int, marker: str | None) -> dict[str, Any]:
+    return {k: v for k, v in {"status": status, "limit": limit, "marker": marker}.items() if v is not None}
+
+
+def _job_page(data: Any) -> JobPage:
+    return JobPage([JobInfo.from_json(j) for j in data["items"]], data.get("next_marker"))
+
+
+def _queue_list(data: Any) -> list[dict[str, Any]]:
+    return data["queues"] if isinstance(data, dict) and "queues" in data else data
+
+
+def _error_jobs(data: Any) -> list[JobInfo]:
+    return [JobInfo.from_json(j) for j in (data["items"] if isinstance(data, dict) else data)]
+
+
+def _retried(data: Any) -> int:
+    return int(data["retried"] if isinstance(data, dict) else data)
 
 
 # ---------------------------------------------------------------- async
@@ -303,6 +318,24 @@ class AsyncClient(_Base):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"job {job_id} still {job.status} after {timeout} s")
             await asyncio.sleep(poll_s)
+
+    async def list_jobs(self, queue: str, *, status: str | None = None, limit: int = 100,
+                        marker: str | None = None) -> JobPage:
+        """One page of a queue's jobs in enqueue order."""
+        return _job_page(await self.request("GET", f"/v1/queues/{queue}/jobs",
+                                            params=_page_params(status, limit, marker)))
+
+    async def queues(self) -> list[dict[str, Any]]:
+        """Each queue with its counts per status and whether it is paused."""
+        return _queue_list(await self.request("GET", "/v1/queues"))
+
+    async def errors(self, queue: str) -> list[JobInfo]:
+        """Retrying and dead jobs of a queue."""
+        return _error_jobs(await self.request("GET", f"/v1/queues/{queue}/errors"))
+
+    async def retry_queue(self, queue: str) -> int:
+        """Retry every retrying and dead job of the queue (admin); how many."""
+        return _retried(await self.request("POST", f"/v1/queues/{queue}/retry"))
 
     async def retry_job(self, job_id: int) -> JobInfo:
         """Run a retrying, dead or cancelled job again now (admin)."""

@@ -107,6 +107,30 @@ def test_async_client_enqueues_and_reads(db_url):
     assert job.payload == {"async": True} and job.priority == 3 and len(jobs) == 1
 
 
+def test_the_async_client_has_every_call_of_the_client_and_they_answer_alike(db_url):
+    public = {name for name in dir(Client) if not name.startswith("_")} - {"close", "http"}
+    assert public <= {name for name in dir(AsyncClient) if not name.startswith("_")}
+    with api_client(db_url, scope=None) as app_client:
+        app = app_client.app
+        with Client("http://testserver", token=TOKENS["admin"], transport=app_client._transport) as client:
+            ids = [client.enqueue("mail", {"n": n}).id for n in range(3)]
+        with psycopg.connect(db_url) as conn:
+            conn.execute("UPDATE outboxq_jobs SET status = 'dead', last_error = 'boom', finished_at = now() "
+                         "WHERE id = %s", (ids[0],))
+
+        async def scenario():
+            transport = httpx.ASGITransport(app=app)
+            async with AsyncClient("http://testserver", token=TOKENS["admin"], transport=transport) as aclient:
+                page = await aclient.list_jobs("mail", limit=2)
+                rest = await aclient.list_jobs("mail", limit=2, marker=page.next_marker)
+                return page, rest, await aclient.queues(), await aclient.errors("mail"), await aclient.retry_queue("mail")
+
+        page, rest, queues, errors, retried = asyncio.run(scenario())
+    assert [j.id for j in page.items + rest.items] == ids  # two pages, through the marker
+    assert {q["queue"]: q["counts"]["dead"] for q in queues} == {"mail": 1}
+    assert [(j.id, j.last_error) for j in errors] == [(ids[0], "boom")] and retried == 1
+
+
 def test_the_client_sends_every_job_option_of_the_http_api(db_url):
     from outboxq.api.schemas import JOB_DEFAULTS
     from outboxq.client import JOB_OPTIONS
