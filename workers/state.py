@@ -42,7 +42,7 @@ class WorkerState:
         self.max_in_flight = max(2 * batch_size, concurrency)
         # A limited queue's claims are larger (outboxq.queue.limits.claim_size) and, where its limit cannot bind
         # in this worker, it may hold two of them, for the same reason: with one, a full claim had to wait for
-        # every job before it to be written, and the per-key drain claimed 650 jobs at a time instead of 1,000.
+        # every job before it to be written, and the per-key drain claimed far fewer jobs at a time.
         self.limited_claim_size = flow_limits.claim_size(batch_size, self.max_in_flight)
         self.max_in_flight_limited = max(self.max_in_flight, 2 * self.limited_claim_size)
         self.poll_interval = poll_interval
@@ -100,7 +100,7 @@ class WorkerState:
         conn = self.connect(autocommit=True)
         # Prepared at their first run rather than their sixth (psycopg's default): each statement is planned
         # once per connection (its generic plan, session_generic_plans) instead of six times, and the first
-        # writes of a worker do not plan a claim-and-complete statement at 2-3 ms each.
+        # writes of a worker do not each plan a claim-and-complete statement, which costs milliseconds.
         conn.prepare_threshold = 0
         try:
             for statement in session:

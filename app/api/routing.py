@@ -201,7 +201,7 @@ def too_many_jobs(most: int, count: int | None = None) -> str:
 
 
 # ---------------------------------------------------------------- a look at JSON before it is parsed
-# Parsing is what costs: a 30 MiB body of 100,000 small jobs became nearly a gigabyte of Python objects, and
+# Parsing is what costs: a body of many small jobs becomes Python objects many times its size, and
 # JSON nested 1,000 deep made the parser (or the code after it) recurse until it failed. So the raw bytes are
 # looked at first, with bulk operations of bytes (no loop per byte): the strings taken out, what is left
 # reduced to its brackets, whose nesting and (for a batch) elements are then counted.

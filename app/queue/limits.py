@@ -193,14 +193,14 @@ def key_budget(limit: int) -> int:
 # quantum): at most this many jobs, and this much of the handlers' time. Each key a claim scans costs an index
 # probe and a pick of its own (with many keys and few jobs a key, the per-key drain ran well below the unlimited
 # one); in turns of up to 40 jobs a claim scans few keys. The price: a key that arrives behind a backlog of N
-# busy keys waits for N turns, at most N x 40 jobs (N x 40 ms of handler time, shared by the handlers), instead
-# of about one claim. Shallower turns did no better, and deeper ones worse: they scatter each claim over more
+# busy keys waits for N turns, at most N x KEY_TURN_MAX jobs (N x KEY_TURN_S of handler time, shared by the
+# handlers), instead of about one claim. Shallower turns did no better, and deeper ones worse: they scatter each claim over more
 # of the table.
 # The handlers' time is wall time (typical_job_seconds): on a loaded machine no-op jobs took far longer for
 # stretches of a drain (their handlers waiting for the GIL and the CPU), and much shorter turns then shrank to
 # a few jobs, the claims scanning many more keys (each key scanned costs the server CPU: bench/claim_cpu.py
-# measures it). At 40 ms, full turns hold throughout the drain; a job that really takes 4 ms still gets turns
-# of 10.
+# measures it). With this bound full turns hold throughout a drain, and a job that really takes a tenth of it
+# still gets turns of a tenth of KEY_TURN_MAX.
 KEY_TURN_MAX = 40
 KEY_TURN_S = 0.04
 

@@ -19,8 +19,8 @@ JOB_COLUMNS_NO_RESULT = f"{_COLUMNS_BEFORE_RESULT}, NULL::jsonb AS result, {_COL
 
 # A job written ready to run wakes the workers of its queue: a notification sent at COMMIT (none on rollback;
 # PostgreSQL folds a transaction's repeats), in the statement that writes the job. The AFTER INSERT trigger that
-# did this until migration 0007 (plpgsql over a transition table, once per statement) cost a sixth of a single
-# enqueue's throughput; this expression, 1.5% (bench/wakeup_and_notify.py).
+# did this until migration 0007 (plpgsql over a transition table, once per statement) cost many times what this
+# expression costs (bench/wakeup_and_notify.py measures both).
 NOTIFY_IF_READY = f"CASE WHEN status = 'queued' AND run_at <= now() THEN pg_notify('{NOTIFY_CHANNEL}', queue)::text END"
 
 # A key held by another job (schema.KEY_HELD_PREDICATE) makes the insert do nothing: no row comes back.
@@ -51,7 +51,7 @@ ON CONFLICT (queue, key) WHERE {KEY_HELD_PREDICATE} DO NOTHING
 RETURNING id, key, status, run_at, created_at, {NOTIFY_IF_READY} AS notified
 """
 
-# Key-less enqueue_many goes through COPY (about twice the rows/s of the INSERT above): first reserve the
+# Key-less enqueue_many goes through COPY (much faster than the INSERT above): first reserve the
 # ids (COPY cannot return them) and read the transaction's clock for run_at and created_at. The sequence is
 # looked up once, in a materialized CTE: written inside nextval() (or in a subquery the planner pulls up) it is
 # looked up for every id, which made this statement several times slower on a large batch.

@@ -36,8 +36,8 @@ LIMIT_LOCK_CLASS = 7314
 
 # Counted as started within the window: a start this much older than the period (as a fraction of it), so
 # that the jitter between a claim and its handler's start cannot put N + 1 handler starts within one period.
-# (2% let 11 starts of a 10/s limit into one second on a loaded 2-core machine, 2 runs in 4; 5% costs the same
-# share of the rate: 200/s drains at about 190/s.)
+# (A smaller margin let an extra start into a period on a loaded machine; the margin costs the same share of
+# the rate.)
 RATE_WINDOW_MARGIN = 0.05
 
 CLAIM_SLOTS = 4
@@ -215,7 +215,7 @@ WHERE j.id = k.id AND j.limit_key IS NULL
 # A limited claim runs with its generic plan (psycopg prepares it from its sixth run on; on the worker's own
 # connections from its first): planned once per connection instead of before every claim. Left to
 # plan_cache_mode "auto", PostgreSQL kept planning them anew (the generic plan's estimates look dearer), and
-# planning took a tenth of a per-key claim (bench/flow_claim_explain.py --generic measures it);
+# planning was a real share of a per-key claim (bench/flow_claim_explain.py --generic measures it);
 # the generic plans read the same indexes. Without sequential
 # scans (sql.generic_plans): made while the queue was empty, the plan updated the claimed jobs through a
 # sequential scan of the jobs table, which every claim after it would have run over the whole table and its

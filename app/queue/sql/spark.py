@@ -314,7 +314,7 @@ spark_bench_delete_jobs = "DELETE FROM outboxq_jobs WHERE queue = %(queue)s"
 # Every round starts from a vacuumed jobs table, whatever autovacuum does meanwhile: otherwise the dead rows
 # of the earlier rounds slow each later claim, and the engine that runs second in a round pays for them.
 # ANALYZE too: on a server without autovacuum a table never analyzed gave the claim's UPDATE a plan that read
-# outboxq_jobs_feed_idx once per claimed id (id is its last column): a 100,000-job round took 7 minutes.
+# outboxq_jobs_feed_idx once per claimed id (id is its last column), and a large round took minutes.
 spark_bench_vacuum_jobs = "VACUUM ANALYZE outboxq_jobs"
 
 # What the benchmark's database has done so far (its per-micro-batch cost is the difference over a run).
