@@ -372,9 +372,8 @@ def test_swagger_ui_and_redoc_work_under_their_policy(db_url):
     thread = threading.Thread(target=server.run)
     thread.start()
     try:
-        while not server.started:
-            assert thread.is_alive()
-            time.sleep(0.02)
+        wait_for(lambda: server.started or not thread.is_alive(), timeout=30)
+        assert server.started and thread.is_alive()
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
             try:
