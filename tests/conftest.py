@@ -62,7 +62,8 @@ SLOW_PATHS = ("tests/spark/", "tests/e2e/", "tests/http/test_api_schemathesis.py
               "tests/worker/test_workflows.py::test_a_failed_middle", "tests/worker/test_workflows.py::test_a_cancelled",
               "tests/worker/test_workflows.py::test_the_workflows_command",
               "tests/worker/test_workflows.py::test_a_failed_workflow_retried",
-              "tests/worker/test_workflows.py::test_a_workflow_cancelled_while", "tests/worker/test_worker_registry.py",
+              "tests/worker/test_workflows.py::test_a_workflow_cancelled_while",
+              "tests/worker/test_workflows.py::test_a_dead_job_retried_runs_first", "tests/worker/test_worker_registry.py",
               # each writes 200,000 jobs first; and a schedule's seconds pass
               "tests/queue/test_query_plans.py", "tests/http/test_api_schedules.py",
               # seconds of wall time each, by design (a rate window, a long lease, concurrent writers)

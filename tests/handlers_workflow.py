@@ -3,12 +3,14 @@
 Every step writes its effect through ctx.transaction() (exactly once, whatever dies; the tables have no unique
 key, so a second run with effects would show as a second row), recording what it saw:
 its workflow, its step's name and its parents' results. Sequence jobs record when they started and ended.
+The gated step says when it started, waits for its gate, and says how its transaction ended (files).
 """
 
 from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 from outboxq.workers import JobContext, consumer
 
@@ -58,11 +60,42 @@ def total(payload: dict, ctx: JobContext) -> dict:
     return result
 
 
+@consumer("wf-gated", max_attempts=1, lease_s=5)
+def gated(payload: dict, ctx: JobContext) -> dict:
+    """A step that writes the file `started`, waits (at most 60 s) for the file `gate`, then writes its effect
+    through ctx.transaction(), and writes to the file `outcome` how that ended: "committed", or the name of the
+    exception it raised (LeaseLost once the step was cancelled while it waited)."""
+    _write(payload["started"], str(os.getpid()))
+    deadline = time.monotonic() + 60
+    while not os.path.exists(payload["gate"]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        with ctx.transaction() as conn:
+            conn.execute("INSERT INTO test_wf_effects (job_id, workflow_id, step, parents, pid) "
+                         "VALUES (%s, %s, %s, %s::jsonb, %s)",
+                         (ctx.job_id, ctx.workflow_id, ctx.step, _json(ctx.parent_results), os.getpid()))
+            ctx.set_result({"step": ctx.step, "value": payload.get("value", 1)})
+    except BaseException as exc:
+        _write(payload["outcome"], type(exc).__name__)
+        raise
+    _write(payload["outcome"], "committed")
+    return {"step": ctx.step, "value": payload.get("value", 1)}
+
+
+def _write(path: str, text: str) -> None:
+    """Write the file whole (a reader never sees it half written)."""
+    Path(path + ".tmp").write_text(text)
+    os.replace(path + ".tmp", path)
+
+
 @consumer("seq", max_attempts=3, lease_s=5)
 def sequenced(payload: dict, ctx: JobContext) -> None:
-    """A sequence's job: records when it started and (in its transaction) when it ended."""
+    """A sequence's job: records when it started and (in its transaction) when it ended; fails, recording
+    nothing, while the payload's "fail_until" file does not exist."""
     from datetime import UTC, datetime
 
+    if payload.get("fail_until") and not os.path.exists(payload["fail_until"]):
+        raise RuntimeError(f"sequence job {payload['n']} fails as asked")
     started = datetime.now(UTC)
     time.sleep(payload.get("seconds", 0.01))
     with ctx.transaction() as conn:

@@ -68,8 +68,9 @@ def test_a_workflow_is_written_read_listed_cancelled_and_refused_retry_with_the_
     assert api.post(f"/v1/workflows/{workflow_id + 99}/cancel", headers=auth("admin")).status_code == 404
 
 
-def test_a_failed_step_fails_the_workflow_and_retry_through_the_api_puts_it_back(api, db_url):
-    created = api.post("/v1/workflows", json=DIAMOND, headers=auth("enqueue")).json()
+def _failed_diamond(api, db_url) -> int:
+    """DIAMOND written and run until its left step is dead: the workflow is failed, its join cancelled."""
+    workflow_id = api.post("/v1/workflows", json=DIAMOND, headers=auth("enqueue")).json()["id"]
 
     def broken(payload, ctx):
         raise RuntimeError("left broke")
@@ -81,6 +82,16 @@ def test_a_failed_step_fails_the_workflow_and_retry_through_the_api_puts_it_back
     assert queue.drain("left", expect_success=False) == 1
     with psycopg.connect(db_url) as conn:
         promote.run_once(conn)
+    return workflow_id
+
+
+def _steps(api, workflow_id: int) -> tuple[str, dict[str, tuple[str, int]]]:
+    body = api.get(f"/v1/workflows/{workflow_id}", headers=auth("read")).json()
+    return body["status"], {s["name"]: (s["status"], s["attempts"]) for s in body["steps"]}
+
+
+def test_a_failed_step_fails_the_workflow_and_retry_through_the_api_puts_it_back(api, db_url):
+    created = {"id": _failed_diamond(api, db_url)}
     body = api.get(f"/v1/workflows/{created['id']}", headers=auth("read")).json()
     assert body["status"] == "failed"
     steps = {s["name"]: s for s in body["steps"]}
@@ -89,6 +100,33 @@ def test_a_failed_step_fails_the_workflow_and_retry_through_the_api_puts_it_back
     assert api.post(f"/v1/workflows/{created['id']}/retry", headers=auth("admin")).json() == \
         {"retried": 1, "waiting": 1}
     assert api.get(f"/v1/workflows/{created['id']}", headers=auth("read")).json()["status"] == "running"
+
+
+def test_a_read_token_cannot_write_a_workflow(api, db_url):
+    refused = api.post("/v1/workflows", json=DIAMOND, headers=auth("read"))
+    assert refused.status_code == 403, refused.text
+    assert refused.json()["error"]["code"] == "forbidden" and "enqueue" in refused.json()["error"]["message"]
+    assert _written(db_url) == (0, 0)
+    assert api.post("/v1/workflows", json=DIAMOND, headers=auth("enqueue")).status_code == 201  # the same body
+    assert _written(db_url) == (1, 4)
+
+
+@pytest.mark.parametrize("scope", ["read", "enqueue", "enqueue+read"])
+def test_a_token_without_admin_can_neither_retry_nor_cancel_a_workflow(api, db_url, scope):
+    workflow_id = _failed_diamond(api, db_url)
+    before = _steps(api, workflow_id)
+    assert before == ("failed", {"fetch": ("done", 1), "left": ("dead", 1), "right": ("queued", 0),
+                                 "join": ("cancelled", 0)})
+    for action in ("retry", "cancel"):
+        refused = api.post(f"/v1/workflows/{workflow_id}/{action}", headers=auth(scope))
+        assert refused.status_code == 403, (action, refused.text)
+        assert refused.json()["error"]["code"] == "forbidden" and "admin" in refused.json()["error"]["message"]
+        assert _steps(api, workflow_id) == before, action  # nothing retried, nothing cancelled
+    # the same requests with an admin token do act: the refusals above were the scope's
+    assert api.post(f"/v1/workflows/{workflow_id}/retry", headers=auth("admin")).json() == \
+        {"retried": 1, "waiting": 1}
+    assert api.post(f"/v1/workflows/{workflow_id}/cancel", headers=auth("admin")).json() == {"cancelled": 3}
+    assert _steps(api, workflow_id)[0] == "cancelled"
 
 
 @pytest.mark.parametrize("steps, message", [
