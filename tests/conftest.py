@@ -24,6 +24,11 @@ from psycopg.rows import dict_row
 from outboxq.db import url_with_database
 from outboxq.queue import migrate
 
+# Every JVM of the suite (local Spark sessions, `outboxq spark run` drivers, the standalone cluster) lives for
+# seconds: the C1 compiler alone spends far less CPU on two cores than the tiered C2 compiler would, and
+# many of them run at once. Set before any of them starts; a caller's own setting wins.
+os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+
 
 def _docker_answers() -> bool:
     try:

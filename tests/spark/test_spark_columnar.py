@@ -21,14 +21,6 @@ from tests.spark_support import enqueue_orders, order_payloads, run_until_empty,
 pytestmark = pytest.mark.spark
 
 
-@pytest.fixture(scope="module")
-def spark():
-    """A local Spark session (the one already running, if another module started it)."""
-    from outboxq.spark_jobs.session import build_session
-
-    return build_session("local[1]", shuffle_partitions=1)
-
-
 def _jobs(payloads: list[dict[str, Any]]) -> list[SnapshotJob]:
     return [SnapshotJob(i, "q", 1, None, json.dumps({**p, "job_id": i, "queue": "q"}))
             for i, p in enumerate(payloads, start=1)]

@@ -37,16 +37,6 @@ from tests.spark_support import (
 pytestmark = pytest.mark.spark
 
 
-@pytest.fixture(scope="session")
-def spark():
-    """One local Spark session for the module's tests (a session takes seconds to start)."""
-    from outboxq.spark_jobs.session import build_session
-
-    session = build_session("local[1]", shuffle_partitions=1)
-    yield session
-    session.stop()
-
-
 def _expected_totals(payloads: list[dict]) -> dict[str, tuple[int, Decimal]]:
     totals: dict[str, list] = defaultdict(lambda: [0, Decimal("0")])
     for p in payloads:
