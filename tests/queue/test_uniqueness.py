@@ -12,6 +12,7 @@ import pytest
 
 from outboxq import JobStatus, enqueue, enqueue_async, enqueue_many
 from outboxq.errors import DuplicateJob, InvalidInput
+from tests.support import wait_for
 
 
 def finish(url: str, job_id: int, status: str = "done") -> None:
@@ -94,7 +95,7 @@ def test_two_transactions_racing_on_one_key_never_both_succeed(db_url, unique):
         thread = threading.Thread(target=second)
         thread.start()
         first_written.set()
-        time.sleep(0.5)  # the second enqueue is now blocked on the first transaction
+        wait_for(lambda: _waiting_on_a_lock(db_url), timeout=10)  # the second enqueue waits for the first
         assert thread.is_alive()
         c1.commit()
     thread.join(10)
@@ -185,3 +186,10 @@ def test_http_enqueue_takes_unique_and_on_conflict(db_url):
             r = api.post("/v1/queues/mail/jobs", json={"payload": {}, **bad})
             assert r.status_code in (400, 422), (bad, r.text)
     assert len(jobs_with_key(db_url, "h")) == 2
+
+
+def _waiting_on_a_lock(url: str) -> bool:
+    """True while another session of the test's database waits on a lock (a blocked enqueue)."""
+    with psycopg.connect(url) as conn:
+        return bool(conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                 "AND wait_event_type = 'Lock'").fetchone()[0])
