@@ -35,7 +35,7 @@ from typing import Any
 from outboxq.db import DictConnection, database_url, url_in_schema
 from outboxq.errors import WorkerFailed
 from outboxq.queue import limits as flow_limits
-from outboxq.queue.schema import CANCEL_NOTICE
+from outboxq.queue.names import CANCEL_NOTICE
 from outboxq.registry import Registry, default_registry
 from outboxq.settings import Settings, get_settings
 from outboxq.workers.claims import PLAIN, ClaimStrategy

@@ -17,7 +17,7 @@ import outboxq.migrations
 from outboxq.db import one_row
 from outboxq.errors import SchemaOutOfDate
 from outboxq.queue import sql
-from outboxq.queue.schema import VERSION_TABLE
+from outboxq.queue.names import VERSION_TABLE
 from outboxq.settings import get_settings
 
 log = logging.getLogger("outboxq")

@@ -25,9 +25,16 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 
+from outboxq.queue.names import (  # noqa: F401 - the names are the schema's too
+    CANCEL_NOTICE,
+    JOB_STATUSES,
+    KEY_HELD_PREDICATE,
+    NOTIFY_CHANNEL,
+    VERSION_TABLE,
+)
+
 metadata = MetaData()
 
-JOB_STATUSES = ("waiting", "queued", "running", "retrying", "done", "dead", "cancelled")
 _status_list = ", ".join(f"'{s}'" for s in JOB_STATUSES)
 
 jobs = Table(
@@ -107,13 +114,7 @@ Index(
     "outboxq_jobs_key_idx", jobs.c.queue, jobs.c.key,
     postgresql_where=text("key IS NOT NULL"),
 )
-# Uniqueness, race-free: a key is held by every 'forever' job and by unfinished 'active' jobs; a finished
-# 'active' job leaves the index, so its key can be enqueued again. A 'window' job is not in it: enqueue with a
-# window takes a transaction lock on the key and looks for a job with the key created within the window.
-KEY_HELD_PREDICATE = (
-    "key IS NOT NULL AND (unique_scope = 'forever' "
-    "OR (unique_scope = 'active' AND status IN ('waiting', 'queued', 'running', 'retrying')))"
-)
+# Uniqueness, race-free: the key index holds a job while KEY_HELD_PREDICATE (names.py) says its key is held.
 Index(
     "outboxq_jobs_key_unique_idx", jobs.c.queue, jobs.c.key, unique=True,
     postgresql_where=text(KEY_HELD_PREDICATE),
@@ -379,10 +380,3 @@ secrets = Table(
     Column("value", Text, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
-
-# Where `outboxq migrate` records its revision: a table of its own, never the application's alembic_version.
-VERSION_TABLE = "outboxq_alembic_version"
-
-NOTIFY_CHANNEL = "outboxq_jobs"
-# Sent on NOTIFY_CHANNEL when a running job's cancel is requested (no queue name can contain "!").
-CANCEL_NOTICE = "!cancel"

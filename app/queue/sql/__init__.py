@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from outboxq.queue.schema import VERSION_TABLE, metadata
+from outboxq.queue.names import TABLES, VERSION_TABLE
 from outboxq.queue.sql.idempotency import *  # noqa: F403
 from outboxq.queue.sql.jobs import *  # noqa: F403
 from outboxq.queue.sql.leader import *  # noqa: F403
@@ -33,7 +33,7 @@ from outboxq.queue.sql.workflows import *  # noqa: F403
 # outboxq's table names, longest first so that outboxq_jobs never matches inside outboxq_jobs_x; not after a
 # quote: 'outboxq_jobs' is also the notification channel's name (schema.NOTIFY_CHANNEL), a string to keep.
 _TABLE_NAME = re.compile(
-    r"(?<![\w.\"'])(" + "|".join(sorted([*metadata.tables, VERSION_TABLE], key=len, reverse=True)) + r")\b"
+    r"(?<![\w.\"'])(" + "|".join(sorted([*TABLES, VERSION_TABLE], key=len, reverse=True)) + r")\b"
 )
 
 

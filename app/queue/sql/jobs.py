@@ -4,7 +4,7 @@ every claim and release shares (Spark's too)."""
 
 from __future__ import annotations
 
-from outboxq.queue.schema import CANCEL_NOTICE, KEY_HELD_PREDICATE, NOTIFY_CHANNEL
+from outboxq.queue.names import CANCEL_NOTICE, KEY_HELD_PREDICATE, NOTIFY_CHANNEL
 
 # A job's columns, in this order; `result` named apart so that the listing can leave it out (_FEED_COLUMNS).
 _COLUMNS_BEFORE_RESULT = (

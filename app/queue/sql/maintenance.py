@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from outboxq.queue.schema import NOTIFY_CHANNEL
+from outboxq.queue.names import NOTIFY_CHANNEL
 
 # Jobs whose lease expired (their worker died, froze, or lost the database): retry with backoff, or dead.
 # Rescue, in one transaction: lock a bounded set of jobs whose lease expired, then apply what each job's

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from outboxq.queue.schema import NOTIFY_CHANNEL
+from outboxq.queue.names import NOTIFY_CHANNEL
 from outboxq.queue.sql.jobs import JOB_COLUMNS, RETRY_SET
 
 queue_mark_healthy = """

@@ -3,7 +3,7 @@ outboxq.queue.schema."""
 
 from __future__ import annotations
 
-from outboxq.queue.schema import NOTIFY_CHANNEL
+from outboxq.queue.names import NOTIFY_CHANNEL
 
 # The trigger that sent the wake-up notification for new jobs from migration 0001 to 0006 (0007 drops it: the
 # statements that write jobs notify, sql.jobs.NOTIFY_IF_READY). Kept for those migrations, up and down.

@@ -3,7 +3,7 @@ or a filter (POST /v1/jobs/retry, /v1/jobs/cancel)."""
 
 from __future__ import annotations
 
-from outboxq.queue.schema import CANCEL_NOTICE, NOTIFY_CHANNEL
+from outboxq.queue.names import CANCEL_NOTICE, NOTIFY_CHANNEL
 from outboxq.queue.sql.jobs import CANCEL_SET, CANCELLABLE, JOB_COLUMNS_NO_RESULT, RETRIABLE, RETRY_SET
 
 # Every filter is optional (NULL: not applied). Newest first, walking the primary key backwards from `before`

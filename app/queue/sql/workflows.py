@@ -3,7 +3,7 @@ list recent ones, cancel and retry it, and what a step's handler learns of its p
 
 from __future__ import annotations
 
-from outboxq.queue.schema import CANCEL_NOTICE, NOTIFY_CHANNEL
+from outboxq.queue.names import CANCEL_NOTICE, NOTIFY_CHANNEL
 from outboxq.queue.sql.jobs import CANCEL_SET, RETRY_SET
 
 # A whole workflow in ONE statement, so that it is all-or-nothing even on an autocommit connection: the
