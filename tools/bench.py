@@ -14,6 +14,8 @@ Sub-benchmarks (see bench/README.md for the method and the latest figures):
 - deadrows: a drain of --dead-rows-jobs (default 500,000) while another session holds a REPEATABLE READ
            transaction open throughout (vacuum cannot remove dead row versions), against the same drain
            without it.
+- features: a workflow step's hand-off and a sequence's throughput, a Spark streaming micro-batch against
+           `outboxq spark run`, ten open dashboards' load on the server (tools/bench_features.py).
 
 `--compare` runs the same drain, enqueue and latency through PgQueuer and Procrastinate, installed in a
 separate virtual environment that this command creates when it is missing (never a dependency of
@@ -47,12 +49,13 @@ from outboxq.progress import Progress
 from outboxq.queue.enqueue import enqueue_many
 from outboxq.workers.processes import default_count
 from tools.bench_drivers import QUEUE
+from tools.bench_features import render_features, run_features
 
 DRIVERS = Path(__file__).with_name("bench_drivers.py")
 DEFAULT_PEERS_VENV = "/tmp/peers-venv"
 PEER_PACKAGES = ["pgqueuer[asyncpg]", "procrastinate", "uvloop"]
 DB_PREFIX = "outboxq_bench"
-SUB_BENCHMARKS = ("drain", "enqueue", "latency", "backlog", "manyqueues", "deadrows")
+SUB_BENCHMARKS = ("drain", "enqueue", "latency", "backlog", "manyqueues", "deadrows", "features")
 MANY_QUEUES = 50
 DONE_POLL_S = 0.005
 SINGLE_ENQUEUE_BLOCKS = 6  # outboxq's and PgQueuer's single enqueue alternate in this many blocks each
@@ -1043,6 +1046,9 @@ class Bench:
             }
         if "backlog" in wanted:
             self.results["backlog"] = self.backlog()
+        if "features" in wanted:  # workflows, sequences, Spark streaming, dashboards: tools/bench_features.py
+            self.progress.done("features: workflows and sequences, Spark streaming, ten dashboards (minutes)")
+            self.results["features"] = run_features(args.url, finished_steps=args.finished_steps)
         self.results["runs"] = collected
         self.results["summary"] = summarize(collected)
         self.results["seconds"] = time.monotonic() - started
@@ -1307,6 +1313,7 @@ def render(results: dict[str, Any]) -> str:
                       f"| ratio with finished / baseline | {_num(backlog['with_finished_vs_baseline'], 2)} |"]
         lines.append("")
     lines += render_profile(results.get("profile"))
+    lines += render_features(results.get("features"))
     ratios = {k: v for k, v in (s.get("ratios") or {}).items() if v is not None}
     if ratios:
         lines += ["| ratio | value |", "| --- | ---: |"] + [f"| {k} | {v:.2f} |" for k, v in ratios.items()]
@@ -1412,6 +1419,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(render(results))
     failed = [name for group in results["runs"].values() for name, runs in group.items()
               if any(r and "error" in r for r in runs)]
+    failed += [name for name, result in (results.get("features") or {}).items() if "error" in result]
     return 1 if failed else 0
 
 
@@ -1444,6 +1452,8 @@ def register(sub: Any) -> None:
     p.add_argument("--backlog-jobs", type=int, default=1_000_000, help="backlog drain size (default 1,000,000; 0 skips)")
     p.add_argument("--finished-jobs", type=int, default=5_000_000,
                    help="finished jobs kept beside the queue for the plan check (default 5,000,000; 0 skips)")
+    p.add_argument("--finished-steps", type=int, default=100_000,
+                   help="features: finished workflow steps beside the workflow queries (default 100,000)")
     p.add_argument("--profile", action="store_true",
                    help="after the rounds, two more outboxq drains: one sampled from outside (server activity, "
                         "CPU split), one under cProfile (saved beside --output as .drain.pstats)")

@@ -55,22 +55,28 @@ def test_http_phases_runs(pg_server_url):
     assert "enqueue_many" in out and "HTTP / Python" in out
 
 
-def test_workflow_cost_runs(pg_server_url):
-    out = _run("workflow_cost.py", pg_server_url, "2000")
-    assert "hand-off: a diamond" in out and "sequences: 2,000 jobs" in out
-    assert "outboxq_jobs_workflow_step_idx" in out and "Execution Time" in out
-    assert "a workflow of 1,000 steps" in out
-
-
 def test_operations_latency_runs(pg_server_url):
     out = _run("operations_latency.py", pg_server_url, "3000")
     assert "beside 3,000 finished jobs" in out and "search, matches nothing" in out and "live workers" in out
     assert "queues listing" in out and "one queue" in out and "count, no filter" in out
 
 
-def test_dashboard_load_runs(pg_server_url):
-    out = _run("dashboard_load.py", pg_server_url, "2", "3", "2000")
-    assert "2 dashboards reading the overview" in out and "of one core" in out
+def test_the_features_section_runs_workflow_cost_and_dashboard_load(pg_server_url):
+    """`python -m tools bench features`: each feature's script with tiny sizes, its figures in the report. (Its
+    Spark streaming figure is spark-bench's, which test_bench_smoke.py and test_spark_datasource.py run.)"""
+    from tools.bench_features import render_features, run_features
+
+    features = run_features(pg_server_url, finished_steps=2000, dashboard_seconds=2, dashboard_history=2000,
+                            timeout_s=300, only=("workflows and sequences", "dashboards"))
+    assert [name for name, result in features.items() if "error" in result] == [], features
+    workflows = features["workflows and sequences"]
+    assert "outboxq_jobs_workflow_step_idx" in workflows["output"] and "Execution Time" in workflows["output"]
+    assert [line.split()[0] for line in workflows["lines"]] == ["hand-off:", "sequences:", "a"]
+    assert "hand-off: a diamond" in workflows["lines"][0] and "a workflow of 1,000 steps" in workflows["lines"][2]
+    assert any("10 dashboards reading the overview" in line and "of one core" in line
+               for line in features["dashboards"]["lines"])
+    report = "\n".join(render_features(features))
+    assert report.startswith("features (") and "python bench/dashboard_load.py" in report
 
 
 def test_drain_skew_runs(pg_server_url):
