@@ -100,7 +100,15 @@ def pg_server_url() -> Iterator[str]:
     from outboxq.embedded import start_embedded
 
     data_dir = tempfile.mkdtemp(prefix="outboxq-test-pg-")
-    yield start_embedded(os.path.join(data_dir, "pgdata"), cleanup_mode="delete")
+    url = start_embedded(os.path.join(data_dir, "pgdata"), cleanup_mode="delete")
+    # A throw-away server of this test process: no crash of the machine to survive (fsync, full-page writes),
+    # and no LLVM compilation of the plans of queries over the tests' larger tables (jit), which cost the
+    # suite CPU it does not have to spare. A job is still written, locked and read as everywhere else.
+    with psycopg.connect(url, autocommit=True) as conn:
+        for setting in ("fsync", "full_page_writes", "jit"):
+            conn.execute(f"ALTER SYSTEM SET {setting} = off")
+        conn.execute("SELECT pg_reload_conf()")
+    yield url
 
 
 @pytest.fixture(scope="session")

@@ -263,8 +263,9 @@ def list_workflows(conn: Any, *, limit: int = 50, before: int | None = None) -> 
 
 
 def cancel_workflow(conn: Any, workflow_id: int) -> int:
-    """Cancel every unfinished step (a running one is asked to stop and fenced, as a cancelled job is); the
-    workflow is `cancelled`. Returns how many steps; WorkflowNotFound for an unknown id. Not committed here."""
+    """Cancel every unfinished step (a running one is asked to stop, as a cancelled job is: fenced once its
+    worker's heartbeat, woken by the cancel's notification, revokes its lease); the workflow is `cancelled`.
+    Returns how many steps; WorkflowNotFound for an unknown id. Not committed here."""
     def plan() -> Plan:
         if (yield Statement(sql.workflow_mark_cancelled, {"id": workflow_id}, rows="one")) is None:
             raise WorkflowNotFound(workflow_id)
