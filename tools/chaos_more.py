@@ -771,6 +771,30 @@ class SparkScenario(_WorkerScenario):
             env=self._driver_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True,
             start_new_session=True)
 
+    def _kill_a_driver_mid_batch(self) -> tuple[str, list[tuple]] | None:
+        """SIGKILL a driver that holds an undelivered batch after having delivered one: (its id, the batches it
+        held), or None while none does. The driver is frozen (SIGSTOP) while its batches are read, so it cannot
+        deliver the one it held between the look and the kill."""
+        held = self._query(
+            "SELECT s.driver_id FROM outboxq_spark_snapshots s WHERE s.state <> 'delivered' AND EXISTS ("
+            "SELECT 1 FROM outboxq_spark_snapshots d WHERE d.driver_id = s.driver_id AND d.state = 'delivered')"
+            " LIMIT 1")
+        if not held:
+            return None
+        driver_id = held[0][0]
+        driver = self.drivers[int(driver_id.rsplit("-", 1)[1])]
+        os.killpg(driver.pid, signal.SIGSTOP)
+        holding = self._query("SELECT id, jsonb_array_length(job_ids) FROM outboxq_spark_snapshots "
+                              "WHERE driver_id = %s AND state <> 'delivered'", driver_id)
+        if not holding:  # it delivered in between: let it go on, and look again
+            os.killpg(driver.pid, signal.SIGCONT)
+            return None
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait(timeout=30)
+        self.victim = driver
+        self.report.faults["kill"] += 1
+        return driver_id, holding
+
     def _fault_terminate(self) -> None:
         with psycopg.connect(self.url, autocommit=True) as conn:
             conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
@@ -809,18 +833,7 @@ class SparkScenario(_WorkerScenario):
             expected = {job.id: p for job, p in zip(jobs, payloads, strict=True)}
             self.result.jobs = len(expected)
             faults.start()
-            # The victim: whichever driver first holds an undelivered batch after having delivered one.
-            held = self._wait(lambda: self._query(
-                "SELECT s.driver_id FROM outboxq_spark_snapshots s WHERE s.state <> 'delivered' AND EXISTS ("
-                "SELECT 1 FROM outboxq_spark_snapshots d WHERE d.driver_id = s.driver_id AND d.state = 'delivered')"
-                " LIMIT 1"), 120, "a driver mid-batch")
-            victim_driver_id = held[0][0]
-            self.victim = self.drivers[int(victim_driver_id.rsplit("-", 1)[1])]
-            os.killpg(self.victim.pid, signal.SIGKILL)
-            self.victim.wait(timeout=30)
-            self.report.faults["kill"] += 1
-            killed_holding = self._query("SELECT id, jsonb_array_length(job_ids) FROM outboxq_spark_snapshots "
-                                         "WHERE driver_id = %s AND state <> 'delivered'", victim_driver_id)
+            victim_driver_id, killed_holding = self._wait(self._kill_a_driver_mid_batch, 120, "a driver mid-batch")
             self._wait(lambda: self._query("SELECT count(*) FROM outboxq_jobs WHERE status NOT IN "
                                            "('done', 'dead', 'cancelled')")[0][0] == 0,
                        self.config.timeout_s, "every job finished")

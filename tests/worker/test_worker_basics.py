@@ -140,12 +140,14 @@ def test_several_worker_processes_never_run_the_same_job_twice(db_url):
     total = 3000
     with psycopg.connect(db_url) as conn:
         conn.execute(RUNS_TABLE_DDL)
-        enqueue_many(conn, "count", [{"i": i} for i in range(total)])
         conn.commit()
     workers = [_start_worker(db_url, "--queues", "count", "--concurrency", "4", "--batch-size", "50")
                for _ in range(3)]
     try:
         with psycopg.connect(db_url, autocommit=True) as c:
+            # Every process up (in the workers' registry) before there is work: all of them compete for it.
+            wait_for(lambda: c.execute("SELECT count(*) FROM outboxq_workers").fetchone()[0] == 3, timeout=60)
+            enqueue_many(c, "count", [{"i": i} for i in range(total)])
             wait_for(lambda: c.execute(
                 "SELECT count(*) FROM outboxq_jobs WHERE status = 'done'").fetchone()[0] == total, timeout=90)
             runs, distinct_jobs, pids = c.execute(
