@@ -1218,10 +1218,11 @@ def render(results: dict[str, Any]) -> str:
         f"machine: {m['cpus']} CPUs ({m['cpu_model']}), {m['memory_gb']} GB, load {m['load_1m']}, "
         f"Python {m['python']}; PostgreSQL {srv['version']}, synchronous_commit={srv['synchronous_commit']}, "
         f"fsync={srv['fsync']}, shared_buffers={srv['shared_buffers']}",
-        f"rounds: {results['settings']['rounds']} (medians), drain of {results['settings']['jobs']:,} no-op jobs "
-        f"(Procrastinate: {results['settings']['peer_slow_jobs']:,})",
-        "",
     ]
+    if results.get("runs"):  # (not when only backlog or features ran: they print their own sizes)
+        lines.append(f"rounds: {results['settings']['rounds']} (medians), drain of {results['settings']['jobs']:,} "
+                     f"no-op jobs (Procrastinate: {results['settings']['peer_slow_jobs']:,})")
+    lines.append("")
     drain = s.get("drain_jobs_per_s", {})
     if drain:
         ours = (drain.get("outboxq") or {}).get("median")

@@ -13,6 +13,7 @@ is reported with the end of its error output; the others still run.
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -55,7 +56,13 @@ def run_features(url: str, *, finished_steps: int = 100_000, spark_jobs: int = 2
     server = Server(url)
     # spark-bench reads DATABASE_URL and writes jobs and a table there: a migrated database of its own.
     spark_url = server.recreate(SPARK_DATABASE)
-    migrate.upgrade(spark_url)
+    alembic_log = logging.getLogger("alembic")
+    level = alembic_log.level
+    alembic_log.setLevel(logging.WARNING)  # (its INFO line per revision is not part of the report)
+    try:
+        migrate.upgrade(spark_url)
+    finally:
+        alembic_log.setLevel(level)
     results: dict[str, dict[str, Any]] = {}
     env = {**os.environ, "DATABASE_URL": spark_url}
     commands = feature_commands(url, finished_steps=finished_steps, spark_jobs=spark_jobs, spark_rounds=spark_rounds,
