@@ -45,31 +45,38 @@ def _summary_lines(name: str, stdout: str) -> list[str]:
     return lines
 
 
+def _spark_database(server: Any) -> str:
+    """A migrated database of its own for spark-bench, which reads DATABASE_URL and writes jobs and a table
+    there; its URL."""
+    from outboxq.queue import migrate
+
+    url = server.recreate(SPARK_DATABASE)
+    alembic_log = logging.getLogger("alembic")
+    level = alembic_log.level
+    alembic_log.setLevel(logging.WARNING)  # (its INFO line per revision is not part of the report)
+    try:
+        migrate.upgrade(url)
+    finally:
+        alembic_log.setLevel(level)
+    return url
+
+
 def run_features(url: str, *, finished_steps: int = 100_000, spark_jobs: int = 20_000, spark_rounds: int = 3,
                  dashboard_seconds: float = 30.0, dashboard_history: int = 300_000,
                  timeout_s: float = 1800.0, only: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:
     """Run each feature's benchmark in turn (or those named in `only`); per feature: its command, seconds, the
     figures it printed (and its whole output) or its error."""
-    from outboxq.queue import migrate
     from tools.bench import Server  # (here: tools.bench imports this module)
 
     server = Server(url)
-    # spark-bench reads DATABASE_URL and writes jobs and a table there: a migrated database of its own.
-    spark_url = server.recreate(SPARK_DATABASE)
-    alembic_log = logging.getLogger("alembic")
-    level = alembic_log.level
-    alembic_log.setLevel(logging.WARNING)  # (its INFO line per revision is not part of the report)
-    try:
-        migrate.upgrade(spark_url)
-    finally:
-        alembic_log.setLevel(level)
     results: dict[str, dict[str, Any]] = {}
-    env = {**os.environ, "DATABASE_URL": spark_url}
     commands = feature_commands(url, finished_steps=finished_steps, spark_jobs=spark_jobs, spark_rounds=spark_rounds,
                                 dashboard_seconds=dashboard_seconds, dashboard_history=dashboard_history)
     for name, command in commands.items():
         if only and name not in only:
             continue
+        spark = name == "spark streaming"  # (the scripts take the server's URL as an argument; spark-bench not)
+        env = {**os.environ, "DATABASE_URL": _spark_database(server)} if spark else None
         started = time.monotonic()
         try:
             done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
@@ -78,9 +85,11 @@ def run_features(url: str, *, finished_steps: int = 100_000, spark_jobs: int = 2
                                        {"error": f"exit {done.returncode}: {done.stderr.strip()[-1500:]}"})
         except subprocess.TimeoutExpired:
             outcome = {"error": f"no answer within {timeout_s:g} s"}
+        finally:
+            if spark:
+                server.drop(SPARK_DATABASE)
         results[name] = {"command": " ".join(command[1:]), "seconds": round(time.monotonic() - started, 1),
                          **outcome}
-    server.drop(SPARK_DATABASE)
     return results
 
 
