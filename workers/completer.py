@@ -188,6 +188,7 @@ class Completer:
                     completed_ids = self._complete(conn, to_complete)
         if not conn.autocommit:  # (a caller's connection: write_outcomes)
             conn.commit()
+        s.stats["writes"] += 1
         s.failing_queues -= succeeded_queues
         if handover is not None:  # committed: the jobs claimed into the freed slots are this worker's
             self.dispatcher.hold(handover.jobs)

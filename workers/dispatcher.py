@@ -138,6 +138,7 @@ class Dispatcher:
         rows = self.statements.rows(conn, strategy, values)
         if not conn.autocommit:  # (on the dispatcher's autocommit connection each statement committed already)
             conn.commit()
+        self.state.stats["claims"] += 1
         if not rows:
             return []
         jobs = self.statements.jobs(consumer, values["lease_token"], (order or claim_order)(rows))

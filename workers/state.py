@@ -76,7 +76,10 @@ class WorkerState:
         self.metrics = WorkerMetrics()
         self.rooms = Rooms()
         self.metrics.registry.register(self.rooms)
-        self.stats = {"claimed": 0, "completed": 0, "failed": 0, "fenced": 0, "cancelled": 0}
+        # Jobs by what became of them; and the claim statements the dispatcher ran (empty ones too) and the
+        # completer's writes, whose sizes say how a drain went (jobs per round trip).
+        self.stats = {"claimed": 0, "completed": 0, "failed": 0, "fenced": 0, "cancelled": 0,
+                      "claims": 0, "writes": 0}
         self._local = threading.local()
 
     def connect(self, *, autocommit: bool = False) -> DictConnection:

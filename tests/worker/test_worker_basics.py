@@ -261,3 +261,26 @@ def test_sync_and_async_handlers_both_run(db_url, is_async):
     finally:
         worker.stop(timeout=5)
     assert sorted(seen) == list(range(50))
+
+
+def test_a_workers_stats_count_its_claim_statements_and_its_writes(db_url):
+    """stats["claims"] counts the dispatcher's claim statements and stats["writes"] the completer's writes: what
+    the benchmark reads to tell a drain that took more round trips from one that took the same on a slower
+    machine."""
+    seen = []
+    consumer = Consumer("counted", lambda payload, ctx: seen.append(payload["n"]))
+    with psycopg.connect(db_url) as conn:
+        enqueue_many(conn, "counted", [{"n": i} for i in range(50)])
+        conn.commit()
+    worker = Worker([consumer], url=db_url, poll_interval=0.05, batch_size=20, concurrency=4,
+                    run_maintenance=False).start()
+    try:
+        wait_for(lambda: worker.stats["completed"] == 50)
+    finally:
+        worker.stop(timeout=5)
+    stats = worker.stats
+    assert stats["claimed"] == 50 and sorted(seen) == list(range(50))
+    # at most 20 jobs a claim: three claims at least, and the empty ones while it waited for more
+    assert stats["claims"] >= 3
+    # each write completes at least one job, and all 50 were written
+    assert 1 <= stats["writes"] <= 50
