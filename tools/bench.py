@@ -1210,6 +1210,27 @@ def _num(value: Any, digits: int = 0) -> str:
     return f"{value:,.{digits}f}"
 
 
+def _drain_rounds(results: dict[str, Any]) -> list[str]:
+    """outboxq's default drain round by round, beside PgQueuer's best in the same round, with what the worker did:
+    its claim statements and writes (the same work each round: more of them would be a slower way of draining)
+    and the CPU its threads spent on it (more for the same statements: a slower machine in that round)."""
+    runs = (results.get("runs") or {}).get("drain") or {}
+    ours = runs.get("outboxq") or []
+    if len(ours) < 2:
+        return []
+    best = ((results.get("summary") or {}).get("pgqueuer_best") or {}).get("config")
+    theirs = runs.get(best) or [] if best else []
+    lines = [f"| round | outboxq jobs/s | {best or 'PgQueuer'} jobs/s | ratio | claim statements | writes | "
+             "worker threads' CPU s | fill jobs/s |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for index, run in enumerate(ours):
+        peer = theirs[index]["jobs_per_s"] if index < len(theirs) else None
+        stats = run.get("worker_stats") or {}
+        lines.append(f"| {index + 1} | {_num(run['jobs_per_s'])} | {_num(peer)} | {_num(ratio(run['jobs_per_s'], peer), 2)} | "
+                     f"{_num(stats.get('claims'))} | {_num(stats.get('writes'))} | "
+                     f"{_num(sum((run.get('thread_cpu_s') or {}).values()), 2)} | {_num(run.get('fill_jobs_per_s'))} |")
+    return [*lines, ""]
+
+
 def render(results: dict[str, Any]) -> str:
     """The human-readable tables (Markdown)."""
     s = results.get("summary", {})
@@ -1240,6 +1261,7 @@ def render(results: dict[str, Any]) -> str:
         if s.get("pgqueuer_best"):
             lines.append(f"\nPgQueuer best configuration: {s['pgqueuer_best']['config']}")
         lines.append("")
+        lines += _drain_rounds(results)
     enqueue = s.get("enqueue", {})
     if enqueue.get("outboxq"):
         e = enqueue["outboxq"]

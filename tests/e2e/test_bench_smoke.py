@@ -156,6 +156,22 @@ def test_summary_ratios_with_peer_runs():
     assert ratios["outboxq_vs_procrastinate_defaults"] == 20 and ratios["outboxq_vs_pgbench_batched_best"] == 0.2
 
 
+def test_the_drain_is_rendered_round_by_round_beside_pgqueuers_best_with_the_workers_statements():
+    def run(rate: float, claims: int | None = None) -> dict:
+        return {"jobs_per_s": rate, "rss_start_kb": 1, "rss_end_kb": 1, "fill_jobs_per_s": 9000.0,
+                "thread_cpu_s": {"outboxq-dispatcher": 0.25, "outboxq-completer": 0.25},
+                "worker_stats": {"claims": claims, "writes": 7} if claims else {}}
+
+    runs = {"outboxq": [run(300, 12), run(200, 11)], "pgqueuer_b500_p2": [run(100), run(250)]}
+    results = {"machine": {"cpus": 2, "cpu_model": "x", "memory_gb": 1, "load_1m": 0, "python": "3"},
+               "server": {"version": "15", "synchronous_commit": "on", "fsync": "on", "shared_buffers": "1"},
+               "settings": {"rounds": 2, "jobs": 1, "peer_slow_jobs": 1}, "runs": {"drain": runs},
+               "summary": summarize({"drain": runs})}
+    table = render(results)
+    assert "| 1 | 300 | 100 | 3.00 | 12 | 7 | 0.50 | 9,000 |" in table
+    assert "| 2 | 200 | 250 | 0.80 | 11 | 7 | 0.50 | 9,000 |" in table
+
+
 def test_summary_gives_the_flow_control_figures_as_the_issue_states_them():
     # `--limits`: a limit that does not bind against the defaults of the same run; the binding
     # global_concurrency=4 on jobs of 50 ms against the 80 jobs/s it allows, with its decimal.
