@@ -1,12 +1,11 @@
 """A class-data-sharing archive of the classes a Spark driver loads, for the suite's JVMs (a test helper only).
 
 A local Spark session spends most of its start-up loading and verifying some ten thousand classes from Spark's
-jars; a JVM started with `-XX:SharedArchiveFile` maps them from an archive instead (here: a trivial session
-from 12 s to 6.6 s of CPU). tests/conftest.py runs this module once per machine in the background, at the
-start of a run whose archive is missing, and points every JVM of the suite at the archive through
-JAVA_TOOL_OPTIONS. A JVM whose class path is not the archive's (the standalone cluster's daemons), or that
-starts before the archive exists, runs as it would without it; the archive is written to a temporary name and
-renamed, so no JVM ever sees half of one.
+jars; a JVM started with `-XX:SharedArchiveFile` maps them from an archive instead, for about half the CPU of a
+session's start-up. tests/conftest.py runs this module once per machine in the background, at the start of
+a run whose archive is missing, and points every JVM of the suite at the archive through JAVA_TOOL_OPTIONS. A
+JVM whose class path does not begin with the archive's, or that starts before the archive exists, runs as it
+would without it; the archive is written to a temporary name and renamed, so no JVM ever sees half of one.
 
     python -m tests.jvm_class_archive PATH
 """
