@@ -1219,7 +1219,7 @@ def _drain_rounds(results: dict[str, Any]) -> list[str]:
     if len(ours) < 2:
         return []
     best = ((results.get("summary") or {}).get("pgqueuer_best") or {}).get("config")
-    theirs = runs.get(best) or [] if best else []
+    theirs = runs.get(best) or []  # (best is None without a PgQueuer run: no such key)
     lines = [f"| round | outboxq jobs/s | {best or 'PgQueuer'} jobs/s | ratio | claim statements | writes | "
              "worker threads' CPU s | fill jobs/s |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for index, run in enumerate(ours):
