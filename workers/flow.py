@@ -160,9 +160,7 @@ class FlowControl:
         s = self.state
         with s.lock:
             in_flight, buffered = len(s.in_flight), s.buffered
-        # Claim again only while the handlers risk running dry (a quarter batch left unstarted): fast jobs get
-        # the next batch while the last one is being completed; slow jobs are not hoarded by one worker.
-        if buffered >= max(s.concurrency, s.batch_size // 4):
+        if buffered >= s.refill_below:  # (the handlers have enough claimed work to start)
             return 0
         return most_held - in_flight
 

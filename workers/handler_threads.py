@@ -46,6 +46,9 @@ class HandlerThreads:
                 return
             with s.lock:
                 s.buffered -= 1
+                refill = s.buffered == s.refill_below - 1
+            if refill:  # the handlers may run dry: the dispatcher claims now, not after the next completion
+                s.wake.set()
             if s.draining.is_set():
                 with s.lock:
                     self._unstarted.append(job)

@@ -45,6 +45,9 @@ class WorkerState:
         # every job before it to be written, and the per-key drain claimed far fewer jobs at a time.
         self.limited_claim_size = flow_limits.claim_size(batch_size, self.max_in_flight)
         self.max_in_flight_limited = max(self.max_in_flight, 2 * self.limited_claim_size)
+        # Claim again once fewer claimed jobs than this wait for a handler: fast jobs get the next batch while the
+        # last one is being run and completed; slow jobs are not hoarded by one worker.
+        self.refill_below = max(concurrency, batch_size // 4)
         self.poll_interval = poll_interval
 
         self.lock = threading.Lock()

@@ -6,6 +6,7 @@ hand their slots over), its readings of the limits and its looks for keyless job
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from types import SimpleNamespace
 
@@ -250,6 +251,40 @@ def test_nothing_is_claimed_while_the_handlers_have_enough_claimed_work_to_start
     assert control.wanted(None) == 0
     state.buffered = 24
     assert control.wanted(None) == 100
+
+
+def test_the_handlers_wake_the_dispatcher_as_their_claimed_work_falls_below_the_refill_mark(db_url):
+    """A claim is due once fewer jobs than the refill mark wait for a handler: the handler that takes the job
+    crossing it wakes the dispatcher, which would otherwise claim only after the next completion is written."""
+    gates = threading.Semaphore(0)
+
+    def handler(payload):
+        gates.acquire(timeout=30)
+
+    consumer = Consumer("room_refill", handler)
+    worker = Worker([consumer], url=db_url, run_maintenance=False, listen=False, batch_size=8, concurrency=1)
+    state = worker.state
+    assert state.refill_below == 2  # max(handlers, a quarter batch)
+    _fill(db_url, "room_refill", [{"n": n} for n in range(8)])
+    with state.connect_for_claims() as conn:
+        jobs = worker.dispatcher.claim(conn, consumer, 8)
+    assert state.buffered == 8
+    for job in jobs:
+        state.work.put(job)
+    state.wake.clear()
+    worker.handlers.spawn()
+    try:
+        for left in range(7, 1, -1):  # the one handler takes a job, and waits in it until let go
+            wait_for(lambda left=left: state.buffered == left)
+            assert not state.wake.is_set(), f"woken with {left} jobs unstarted"
+            gates.release()
+        wait_for(lambda: state.buffered == 1)
+        assert state.wake.is_set()
+        assert worker.dispatcher.flow.wanted(None) == 8 * 2 - len(state.in_flight)
+    finally:
+        for _ in range(8):
+            gates.release()
+        worker.handlers.drain(10)
 
 
 def test_a_per_key_queue_whose_limit_cannot_bind_holds_a_short_times_work():
