@@ -982,6 +982,8 @@ class Bench:
                     "outboxq", args.jobs, f"drain outboxq --processes {p}", processes=p)))
             if args.limits:  # flow control (issue 14): what a limit costs when it does not bind, and when it does
                 for name, label, n, flow in flow_drains(args.jobs):
+                    if args.flows and name.removeprefix("outboxq_") not in args.flows:
+                        continue
                     steps.append(("drain", name, lambda n=n, label=label, flow=flow: self.drain(
                         "outboxq", n, label, flow=flow, processes=auto)))
             if args.compare:
@@ -1411,6 +1413,19 @@ def _pair_list(text: str) -> list[tuple[int, int]]:
     return [tuple(int(x) for x in item.split("x")) for item in text.split(",") if item]  # type: ignore[misc]
 
 
+# The names --flows takes: flow_drains' names without their "outboxq_".
+FLOW_NAMES = [name.removeprefix("outboxq_") for name, *_ in flow_drains(0)]
+
+
+def _flow_names(text: str) -> list[str]:
+    names = [x for x in text.split(",") if x]
+    unknown = [x for x in names if x not in FLOW_NAMES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown flow-control drain {', '.join(unknown) or repr(text)}; choose "
+                                         f"from {', '.join(FLOW_NAMES)}")
+    return names
+
+
 def _triple_list(text: str) -> list[tuple[int, int, int]]:
     return [tuple(int(x) for x in item.split("x")) for item in text.split(",") if item]  # type: ignore[misc]
 
@@ -1484,6 +1499,9 @@ def register(sub: Any) -> None:
                    help="with drain: also drain with flow control: non-binding global_concurrency=10000 "
                         "(plain and per key over 100 keys), then the binding global_concurrency=4 on 100 jobs "
                         "of 50 ms and rate_limit=200/s on 5,000 no-op jobs")
+    p.add_argument("--flows", type=_flow_names, default=[],
+                   help=f"with --limits: only these flow-control drains, comma-separated (of {', '.join(FLOW_NAMES)}; "
+                        "default all)")
     p.add_argument("--dead-rows-jobs", type=int, default=500_000,
                    help="jobs per drain of the deadrows sub-benchmark (default 500,000)")
     p.add_argument("--max-seconds", type=float, default=180.0, help="time limit of one drain (default 180)")

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tools import spark_bench
 from tools.__main__ import build_parser, main
 from tools.bench import Bench, claim_plan, render, summarize
@@ -117,6 +119,14 @@ def test_bench_is_a_subcommand_of_the_harness():
     args = build_parser().parse_args(["bench", "drain", "--compare", "--rounds", "3", "--json"])
     assert args.which == ["drain"] and args.compare and args.rounds == 3 and args.json
     assert main(["bench", "nonsense", "--quiet"]) == 2
+
+
+def test_the_flow_control_drains_can_be_chosen_by_name_and_an_unknown_name_is_refused(capsys):
+    args = build_parser().parse_args(["bench", "drain", "--limits", "--flows", "gc10000,per_key_gc10000"])
+    assert args.flows == ["gc10000", "per_key_gc10000"]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "drain", "--limits", "--flows", "per_key"])
+    assert "unknown flow-control drain per_key; choose from gc10000, per_key_gc10000" in capsys.readouterr().err
 
 
 def test_the_harness_runs_as_python_m_tools_from_the_checkout():
