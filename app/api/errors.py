@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -15,6 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from outboxq import errors
+from outboxq.api.schemas import KEY_PATTERN
 
 log = logging.getLogger("outboxq.api")
 
@@ -97,6 +99,25 @@ def _field(loc: tuple[Any, ...] | list[Any]) -> str:
     return ".".join(parts) or "the request"
 
 
+def _without_other_union_members(problems: Sequence[Any]) -> list[Any]:
+    """The problems of a value that may be a string or an object (a workflow step's `after` entry), as those of the
+    member its input is: pydantic reports the value against each member, under the member's name in the
+    location (a NUL in a step's name was told as not matching a pattern and as not being an object)."""
+    kept = []
+    for p in problems:
+        loc = tuple(p.get("loc", ()))
+        if loc and loc[-1] == "constrained-str":
+            if isinstance(p.get("input"), dict):
+                continue  # (an object was sent: its own member's problems say what is wrong)
+            p = {**p, "loc": loc[:-1]}
+        elif p.get("type") == "model_type" and isinstance(p.get("input"), str) and any(
+                tuple(q.get("loc", ()))[:-1] == loc[:-1] and tuple(q.get("loc", ()))[-1:] == ("constrained-str",)
+                for q in problems):
+            continue  # (a string was sent: the string member's problem says what is wrong)
+        kept.append(p)
+    return kept
+
+
 def validation_message(exc: RequestValidationError) -> tuple[int, str, str]:
     """(status, code, message) for a request that failed validation."""
     problems = exc.errors()
@@ -104,6 +125,7 @@ def validation_message(exc: RequestValidationError) -> tuple[int, str, str]:
         detail = next(p for p in problems if p.get("type") == "json_invalid")
         reason = (detail.get("ctx") or {}).get("error", "it does not parse")
         return 400, "malformed_json", f"the request body is not valid JSON ({reason}); send a JSON object"
+    problems = _without_other_union_members(problems)
     messages = []
     for p in problems[:5]:
         msg = str(p.get("msg", "is invalid"))
@@ -111,6 +133,8 @@ def validation_message(exc: RequestValidationError) -> tuple[int, str, str]:
             msg = "is not a known field; remove it"
         elif p.get("type") == "missing":
             msg = "is required"
+        elif p.get("type") == "string_pattern_mismatch" and (p.get("ctx") or {}).get("pattern") == KEY_PATTERN:
+            msg = "must not contain a NUL character (\\u0000); remove it"
         messages.append(f"{_field(p.get('loc', ()))} {msg}")
     more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
     return 422, "invalid_request", "; ".join(messages) + more

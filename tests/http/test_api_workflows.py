@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import psycopg
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from outboxq.testing import TestQueue
@@ -136,7 +136,12 @@ def test_a_token_without_admin_can_neither_retry_nor_cancel_a_workflow(api, db_u
     ([{"name": "a", "queue": "q", "after": [{"step": "a", "on_failure": "run"}]}], "itself"),
     ([{"name": "a", "queue": "q", "after": [{"step": "b", "on_failure": "maybe"}]}], "on_failure"),
     ([{"name": "a", "queue": "bad queue"}], "queue"),
-    ([{"name": "nul\u0000", "queue": "q"}], "name"),
+    ([{"name": "nul\u0000", "queue": "q"}], "body field 'steps.0.name' must not contain a NUL character"),
+    ([{"name": "a", "queue": "q", "after": ["nul\u0000"]}],
+     "body field 'steps.0.after.0' must not contain a NUL character (\\u0000); remove it"),
+    ([{"name": "a", "queue": "q", "after": [{"step": "nul\u0000"}]}],
+     "body field 'steps.0.after.0.WorkflowEdge.step' must not contain a NUL character"),
+    ([{"name": "a", "queue": "q", "after": [5]}], "valid string"),
     ([], "steps"),
 ])
 def test_a_bad_workflow_is_a_422_that_says_what_to_fix_and_writes_nothing(api, db_url, steps, message):
@@ -155,6 +160,7 @@ def test_workflow_routes_refuse_without_a_token_and_bad_ids(api):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(edges=st.lists(st.tuples(st.integers(0, 7), st.integers(0, 7)), max_size=20),
        names=st.lists(st.text(min_size=1, max_size=8), min_size=1, max_size=8, unique=True))
+@example(edges=[(0, 3), (1, 3), (2, 3)], names=["0", "1", "00", "\x00"])  # a NUL named in five places
 def test_generated_workflows_are_written_whole_or_refused_whole(api, db_url, edges, names):
     steps = [{"name": name, "queue": "gen", "after": sorted({names[b % len(names)] for a, b in edges
                                                               if a % len(names) == i})}
@@ -167,4 +173,4 @@ def test_generated_workflows_are_written_whole_or_refused_whole(api, db_url, edg
         assert after == (before[0] + 1, before[1] + len(names))
     else:
         assert after == before
-        assert any(word in r.json()["error"]["message"] for word in ("cycle", "itself", "name")), r.text
+        assert any(word in r.json()["error"]["message"] for word in ("cycle", "itself", "name", "NUL")), r.text
