@@ -50,6 +50,7 @@ from outboxq.queue.enqueue import enqueue_many
 from outboxq.workers.processes import default_count
 from tools.bench_drivers import QUEUE
 from tools.bench_features import render_features, run_features
+from tools.bench_variants import Variant, parse_variant, prepare
 
 DRIVERS = Path(__file__).with_name("bench_drivers.py")
 DEFAULT_PEERS_VENV = "/tmp/peers-venv"
@@ -203,7 +204,8 @@ class Driver:
         env["PYTHONUNBUFFERED"] = "1"
         if spec["system"] == "outboxq":
             env["DATABASE_URL"] = spec["url"]
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(DRIVERS.parent.parent),
+            # (A variant's package first: it imports ahead of the installed one.)
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [spec.get("import_root"), str(DRIVERS.parent.parent),
                                                               env.get("PYTHONPATH")]))
         self.process = subprocess.Popen(
             # -P: the script's folder (app/, whose queue package would shadow the stdlib's) stays off sys.path
@@ -437,6 +439,7 @@ class Bench:
         self.log_dir = Path(tempfile.mkdtemp(prefix="outboxq-bench-"))
         self.peers_python: str | None = None
         self.templates: dict[str, str] = {}
+        self._variants: list[Variant] | None = None
         # Per invocation, so that two benches (or a bench and the smoke test) on one server never collide.
         self.prefix = f"{DB_PREFIX}_{os.getpid()}"
         self.results: dict[str, Any] = {
@@ -469,6 +472,15 @@ class Bench:
         """A new database for one run, cloned from the system's template."""
         return self.server.recreate(f"{self.prefix}_{system}_{suffix}", self.template(system))
 
+    def variants(self) -> list[Variant]:
+        """The --variant revisions, exported into this run's scratch folder (once)."""
+        if self._variants is None:
+            try:
+                self._variants = [prepare(name, rev, self.log_dir / "variants") for name, rev in self.args.variant]
+            except ValueError as exc:
+                raise BenchError(str(exc)) from None
+        return self._variants
+
     def cleanup(self) -> None:
         """Drop every database this run made."""
         with self.server.admin() as conn:
@@ -498,7 +510,7 @@ class Bench:
     def drain(self, system: str, n: int, label: str, *, worker: dict[str, Any] | None = None,
               processes: int = 1, db_url: str | None = None, fill: bool = True,
               profile: str | None = None, flow: dict[str, Any] | None = None, queues: int = 1,
-              hold_snapshot: bool = False) -> dict[str, Any]:
+              hold_snapshot: bool = False, variant: Variant | None = None) -> dict[str, Any]:
         """Fill a fresh database with `n` no-op jobs, then time `processes` workers draining them.
 
         `profile`: "sample" samples the server side and the CPU split while draining (DrainProfiler);
@@ -507,9 +519,12 @@ class Bench:
         the jobs cycle through, "sleep": seconds each handler sleeps, "running_at_go": the workers start before
         "go", idle, and the clock includes enqueueing the jobs (one transaction) at "go"}.
         `queues` (outboxq only): the jobs spread over that many queues, a consumer each. `hold_snapshot`: another
-        session holds a REPEATABLE READ transaction open from before "go" to the end of the drain.
+        session holds a REPEATABLE READ transaction open from before "go" to the end of the drain. `variant`: the
+        workers run that revision of outboxq (tools/bench_variants.py); the jobs are enqueued as ever.
         """
         flow = flow or {}
+        if variant is not None:
+            label = f"{label} @{variant.name} ({variant.rev})"
         running_at_go = bool(flow.get("running_at_go"))
         if running_at_go and queues != 1:
             raise BenchError(f"{label}: jobs enqueued at go go to one queue")
@@ -526,6 +541,8 @@ class Bench:
             path = (Path(self.args.output).with_suffix(".drain.pstats") if self.args.output
                     else self.log_dir / "drain.pstats")
             extra = {"profile": "cprofile", "profile_path": str(path.resolve())}
+        if variant is not None:
+            extra["import_root"] = str(variant.import_root)
         drivers = [self.driver(system, "drain", url, worker=worker or {}, consumer=flow.get("consumer", {}),
                                sleep=flow.get("sleep", 0.0), queues=queues, running_at_go=running_at_go, **extra)
                    for _ in range(processes)]
@@ -610,6 +627,7 @@ class Bench:
             out["worker_defaults"] = {"concurrency": results[0].get("concurrency"),
                                       "batch_size": results[0].get("batch_size")}
             out["thread_cpu_s"] = results[0].get("thread_cpu_s")
+            out["package"] = results[0].get("package")
             if "cprofile_top" in results[0]:
                 out["cprofile_top"] = results[0]["cprofile_top"]
                 out["cprofile_path"] = extra.get("profile_path")
@@ -975,17 +993,25 @@ class Bench:
         # `outboxq worker`'s defaults: --processes auto, one worker process per core (at most 4).
         auto = default_count()
         if "drain" in wanted:
-            steps.append(("drain", "outboxq", lambda: self.drain(
-                "outboxq", args.jobs, f"drain outboxq defaults ({auto} processes)", processes=auto)))
+            # Each outboxq drain, then the same drain of every --variant (DRAIN@NAME), side by side in each round.
+            variants = self.variants()
+            outboxq_drains: list[tuple[str, Callable[[Variant | None], Any]]] = [
+                ("outboxq", lambda v: self.drain("outboxq", args.jobs, f"drain outboxq defaults ({auto} processes)",
+                                                 processes=auto, variant=v))]
             for processes in args.outboxq_processes:  # `outboxq worker --processes N`: N workers, one per process
-                steps.append(("drain", f"outboxq_p{processes}", lambda p=processes: self.drain(
-                    "outboxq", args.jobs, f"drain outboxq --processes {p}", processes=p)))
+                outboxq_drains.append((f"outboxq_p{processes}", lambda v, p=processes: self.drain(
+                    "outboxq", args.jobs, f"drain outboxq --processes {p}", processes=p, variant=v)))
             if args.limits:  # flow control (issue 14): what a limit costs when it does not bind, and when it does
                 for name, label, n, flow in flow_drains(args.jobs):
                     if args.flows and name.removeprefix("outboxq_") not in args.flows:
                         continue
-                    steps.append(("drain", name, lambda n=n, label=label, flow=flow: self.drain(
-                        "outboxq", n, label, flow=flow, processes=auto)))
+                    outboxq_drains.append((name, lambda v, n=n, label=label, flow=flow: self.drain(
+                        "outboxq", n, label, flow=flow, processes=auto, variant=v)))
+            for name, run_drain in outboxq_drains:
+                steps.append(("drain", name, lambda run_drain=run_drain: run_drain(None)))
+                for variant in variants:
+                    steps.append(("drain", f"{name}@{variant.name}",
+                                  lambda run_drain=run_drain, v=variant: run_drain(v)))
             if args.compare:
                 steps.append(("drain", "pgqueuer_defaults", lambda: self.drain(
                     "pgqueuer", args.jobs, "drain pgqueuer defaults (batch 10, 1 process)")))
@@ -1165,6 +1191,14 @@ def summarize(collected: dict[str, dict[str, list[Any]]]) -> dict[str, Any]:
         elif "rate_limit" not in flow["consumer"]:
             summary["ratios"][f"{name}_vs_defaults"] = ratio(rates[name], ours)
             summary["ratios"][f"{name}_vs_defaults_per_round"] = paired_ratio(drain[name], drain.get("outboxq", []))
+    # --variant: each drain of this checkout against the same drain of the variant, and the variant's own flow
+    # ratios against its own defaults.
+    for name in [n for n in rates if "@" in n]:
+        base, variant = name.split("@", 1)
+        summary["ratios"][f"{base}_vs_{name}"] = ratio(rates.get(base), rates[name])
+        summary["ratios"][f"{base}_vs_{name}_per_round"] = paired_ratio(drain.get(base, []), drain[name])
+        if base != "outboxq" and any(base == flow_name for flow_name, *_ in flow_drains(0)):
+            summary["ratios"][f"{name}_vs_defaults@{variant}"] = ratio(rates[name], rates.get(f"outboxq@{variant}"))
     ceilings = summary.get("pgbench_jobs_per_s") or {}
     if ceilings and ours:
         summary["ratios"]["outboxq_vs_pgbench_batched_best"] = ratio(ours, max(ceilings.values()))
@@ -1443,6 +1477,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         args.url = database_url()
     bench = Bench(args)
     try:
+        try:
+            bench.variants()  # (exported before the first round: a revision git does not know is refused at once)
+        except BenchError as exc:
+            print(f"bench: {exc}", file=sys.stderr)
+            return 2
         results = bench.run()
         if args.compare and bench.peers_python:
             results["peer_versions"] = peer_versions(bench.peers_python)
@@ -1502,6 +1541,10 @@ def register(sub: Any) -> None:
     p.add_argument("--flows", type=_flow_names, default=[],
                    help=f"with --limits: only these flow-control drains, comma-separated (of {', '.join(FLOW_NAMES)}; "
                         "default all)")
+    p.add_argument("--variant", type=parse_variant, action="append", default=[], metavar="NAME=REV",
+                   help="also drain outboxq as it is at git revision REV (e.g. base=HEAD), beside this checkout, "
+                        "in the same rounds: each outboxq drain once more as DRAIN@NAME, with its ratio round by "
+                        "round (tools/bench_variants.py); repeatable")
     p.add_argument("--dead-rows-jobs", type=int, default=500_000,
                    help="jobs per drain of the deadrows sub-benchmark (default 500,000)")
     p.add_argument("--max-seconds", type=float, default=180.0, help="time limit of one drain (default 180)")

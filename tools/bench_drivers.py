@@ -303,7 +303,10 @@ def outboxq_drain(spec: dict[str, Any]) -> dict[str, Any]:
     end_rss = rss_kb()
     worker.stop(timeout=10)
     thread_cpu = {name: round(cpu - cpu_before.get(name, 0.0), 3) for name, cpu in cpu_after.items()}
-    out = {"handled": counter.value, "rss_kb": end_rss, "stats": worker.stats,
+    import outboxq
+
+    # (Where the worker's package came from: this checkout's install, or a variant's folder.)
+    out = {"handled": counter.value, "rss_kb": end_rss, "stats": worker.stats, "package": outboxq.__path__[0],
            "concurrency": worker.concurrency, "batch_size": worker.batch_size,
            "thread_cpu_s": {k: v for k, v in sorted(thread_cpu.items(), key=lambda kv: -kv[1]) if v > 0}}
     if profiles is not None:

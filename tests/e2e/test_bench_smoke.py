@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tools import spark_bench
+import outboxq
+from tools import bench_variants, spark_bench
 from tools.__main__ import build_parser, main
 from tools.bench import Bench, claim_plan, render, summarize
 
@@ -127,6 +128,40 @@ def test_the_flow_control_drains_can_be_chosen_by_name_and_an_unknown_name_is_re
     with pytest.raises(SystemExit):
         build_parser().parse_args(["bench", "drain", "--limits", "--flows", "per_key"])
     assert "unknown flow-control drain per_key; choose from gc10000, per_key_gc10000" in capsys.readouterr().err
+
+
+def test_a_variant_revision_drains_beside_the_checkout_importing_its_own_package(db_url, tmp_path, capsys):
+    """--variant NAME=REV: every outboxq drain once more, side by side in each round, by workers that import
+    outboxq as it is at REV (exported from git into the run's scratch folder), with the ratios between the two."""
+    results = _run(db_url, tmp_path, "drain", "--outboxq-processes", "", "--variant", "base=HEAD")
+    runs = results["runs"]["drain"]
+    assert runs["outboxq"][0]["package"] == outboxq.__path__[0]
+    variant = runs["outboxq@base"][0]
+    assert variant["finished"] == variant["n"] == 300 and not variant["timed_out"]
+    assert Path(variant["package"]).parts[-3:] == ("variants", "base-import", "outboxq"), variant["package"]
+    ratios = results["summary"]["ratios"]
+    assert ratios["outboxq_vs_outboxq@base"] > 0 and ratios["outboxq_vs_outboxq@base_per_round"] > 0
+    assert "| outboxq@base |" in capsys.readouterr().out
+
+
+def test_a_variant_git_cannot_export_or_of_another_schema_is_refused_with_the_reason(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["bench", "drain", "--variant", "Base=HEAD"])
+    assert "a variant is NAME=REV" in capsys.readouterr().err
+    assert main(["bench", "drain", "--quiet", "--variant", "base=no-such-revision"]) == 2
+    assert "variant base: git cannot export 'no-such-revision'" in capsys.readouterr().err
+    # A revision whose migrations differ from the checkout's (a scratch repository: the variant would need
+    # databases of its own).
+    repo = tmp_path / "repo"
+    (repo / "migrations").mkdir(parents=True)
+    (repo / "migrations" / "0001.py").write_text("first = 1\n")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "first"], check=True)
+    (repo / "migrations" / "0001.py").write_text("first = 2\n")
+    with pytest.raises(ValueError, match="the migrations of 'HEAD' differ from this checkout's"):
+        bench_variants.prepare("old", "HEAD", tmp_path / "variants", repo=repo)
 
 
 def test_the_harness_runs_as_python_m_tools_from_the_checkout():
