@@ -227,8 +227,8 @@ class Completer:
 
     def _complete(self, conn: DictConnection, to_complete: list[Outcome]) -> set[int]:
         """Complete these jobs (one statement, each fenced by its lease token); the ids completed."""
-        rows = conn.execute(sql.job_complete_batch, completion_params(to_complete)).fetchall()
-        return {r["id"] for r in rows if r["id"] is not None}
+        row = conn.execute(sql.job_complete_batch, completion_params(to_complete)).fetchone()
+        return set(row["completed_ids"] or ()) if row else set()
 
     def _end(self, conn: DictConnection, to_end: list[Outcome]) -> list[tuple[Outcome, Any]]:
         """Write the outcomes that did not succeed (cancelled, snoozed, failed: each failure with the fate its
