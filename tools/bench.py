@@ -475,6 +475,9 @@ class Bench:
     def variants(self) -> list[Variant]:
         """The --variant revisions, exported into this run's scratch folder (once)."""
         if self._variants is None:
+            names = [name for name, _rev in self.args.variant]
+            if len(set(names)) < len(names):
+                raise BenchError(f"each --variant needs a name of its own, not {', '.join(names)}")
             try:
                 self._variants = [prepare(name, rev, self.log_dir / "variants") for name, rev in self.args.variant]
             except ValueError as exc:
@@ -1197,7 +1200,8 @@ def summarize(collected: dict[str, dict[str, list[Any]]]) -> dict[str, Any]:
         base, variant = name.split("@", 1)
         summary["ratios"][f"{base}_vs_{name}"] = ratio(rates.get(base), rates[name])
         summary["ratios"][f"{base}_vs_{name}_per_round"] = paired_ratio(drain.get(base, []), drain[name])
-        if base != "outboxq" and any(base == flow_name for flow_name, *_ in flow_drains(0)):
+        if any(base == flow_name and "sleep" not in flow and "rate_limit" not in flow["consumer"]
+               for flow_name, _label, _n, flow in flow_drains(0)):  # (the limits that do not bind)
             summary["ratios"][f"{name}_vs_defaults@{variant}"] = ratio(rates[name], rates.get(f"outboxq@{variant}"))
     ceilings = summary.get("pgbench_jobs_per_s") or {}
     if ceilings and ours:

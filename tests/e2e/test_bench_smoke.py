@@ -150,6 +150,8 @@ def test_a_variant_git_cannot_export_or_of_another_schema_is_refused_with_the_re
     assert "a variant is NAME=REV" in capsys.readouterr().err
     assert main(["bench", "drain", "--quiet", "--variant", "base=no-such-revision"]) == 2
     assert "variant base: git cannot export 'no-such-revision'" in capsys.readouterr().err
+    assert main(["bench", "drain", "--quiet", "--variant", "a=HEAD", "--variant", "a=HEAD~1"]) == 2
+    assert "each --variant needs a name of its own, not a, a" in capsys.readouterr().err
     # A revision whose migrations differ from the checkout's (a scratch repository: the variant would need
     # databases of its own).
     repo = tmp_path / "repo"
