@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 
-from outboxq.db import DictConnection
+from outboxq.db import DictConnection, one_row
 from outboxq.queue import limits as flow_limits
 from outboxq.queue import sql, storable
 from outboxq.settings import Settings
@@ -227,8 +227,8 @@ class Completer:
 
     def _complete(self, conn: DictConnection, to_complete: list[Outcome]) -> set[int]:
         """Complete these jobs (one statement, each fenced by its lease token); the ids completed."""
-        row = conn.execute(sql.job_complete_batch, completion_params(to_complete)).fetchone()
-        return set(row["completed_ids"] or ()) if row else set()
+        row = one_row(conn.execute(sql.job_complete_batch, completion_params(to_complete)))
+        return set(row["completed_ids"] or ())
 
     def _end(self, conn: DictConnection, to_end: list[Outcome]) -> list[tuple[Outcome, Any]]:
         """Write the outcomes that did not succeed (cancelled, snoozed, failed: each failure with the fate its

@@ -294,11 +294,12 @@ _JOB_COMPLETE = "\nWITH " + JOB_COMPLETE_CTES + "\nSELECT id FROM done\nUNION AL
 # Each job fenced by its own token (a worker's completions; flow control's too, limits_sql).
 FENCE_BY_TOKENS = ("j.lease_token = ((SELECT jsonb_object(%(ids)s::bigint[]::text[], %(lease_tokens)s::uuid[]::text[]))"
                    "\n                           ->> j.id::text)::uuid")
-# A worker's completions answer in one row, the ids completed as one array: a row a job cost the completer a
-# Python dict a job.
-job_complete_batch = ("\nWITH " + JOB_COMPLETE_CTES.format(fence=FENCE_BY_TOKENS, also_set="")
-                      + "\nSELECT (SELECT array_agg(id) FROM done) AS completed_ids,"
-                      + "\n       (SELECT count(*) FROM (" + JOB_COMPLETE_NOTIFY + ") n) AS released_queues\n")
+# The one-row answer of a worker's completions (and of limits_sql.job_complete_handing_over's): the ids completed
+# as one array, and the queues woken. A row a job cost the completer a Python dict a job.
+JOB_COMPLETE_ANSWER = ("SELECT (SELECT array_agg(id) FROM done) AS completed_ids,\n"
+                       "       (SELECT count(*) FROM (" + JOB_COMPLETE_NOTIFY + ") n) AS released_queues")
+job_complete_batch = ("\nWITH " + JOB_COMPLETE_CTES.format(fence=FENCE_BY_TOKENS, also_set="") + "\n"
+                      + JOB_COMPLETE_ANSWER + "\n")
 
 # The same for jobs that share one lease token (a Spark snapshot's): no per-job lookup, and one token sent
 # instead of one per job. Each job's result is the delivery's summary (so a Spark batch that is a workflow's

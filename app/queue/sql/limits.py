@@ -325,8 +325,7 @@ flow_allowance AS (
     + _CLAIM_WITHIN_ALLOWANCE
     + """
 )
-SELECT (SELECT array_agg(id) FROM done) AS completed_ids,
-       (SELECT count(*) FROM (""" + sql.JOB_COMPLETE_NOTIFY + """) n) AS released_queues,
+""" + sql.JOB_COMPLETE_ANSWER + """,
        c.*
 FROM (SELECT) AS one LEFT JOIN flow_claimed c ON true
 """
