@@ -119,8 +119,12 @@ Index(
     "outboxq_jobs_key_unique_idx", jobs.c.queue, jobs.c.key, unique=True,
     postgresql_where=text(KEY_HELD_PREDICATE),
 )
-# The listing feed (app/queue/feed.py) pages in (created_xid, id) order within a queue.
-Index("outboxq_jobs_feed_idx", jobs.c.queue, jobs.c.created_xid, jobs.c.id)
+# The listing feed (app/queue/feed.py) pages in (created_xid, id) order within a queue; its running jobs are read
+# through the lease index (sql.job_feed_page), so that a claim writes no entry here (migration 0012).
+Index(
+    "outboxq_jobs_feed_idx", jobs.c.queue, jobs.c.created_xid, jobs.c.id,
+    postgresql_where=text("status <> 'running'"),
+)
 Index(
     "outboxq_jobs_finished_idx", jobs.c.finished_at,
     postgresql_where=text("status IN ('done', 'dead', 'cancelled')"),

@@ -80,6 +80,25 @@ def test_rescue_reads_the_lease_index(history):
     assert any(index == "outboxq_jobs_lease_idx" for _, index in scans_of_jobs(plan)), scans_of_jobs(plan)
 
 
+@pytest.mark.parametrize("status", [None, "running", "done"])
+def test_the_listing_feed_reads_its_running_jobs_through_the_lease_index_and_the_rest_through_the_feed_index(
+        history, status):
+    plan = plan_of(history, sql.job_feed_page, {"queue": "emails", "after_xid": -1, "after_id": -1,
+                                                "status": status, "limit": 100, "include_result": False})
+    assert_no_seq_scan(plan)
+    used = {i for _, i in scans_of_jobs(plan)}
+    # (A status given leaves the planner the one part that can hold it.)
+    wanted = {None: {"outboxq_jobs_feed_idx", "outboxq_jobs_lease_idx"}, "running": {"outboxq_jobs_lease_idx"},
+              "done": {"outboxq_jobs_feed_idx"}}[status]
+    assert used == wanted, scans_of_jobs(plan)
+
+
+def test_the_feed_index_leaves_the_running_jobs_out_so_that_a_claim_writes_no_entry_there(conn):
+    """A claim's new row versions (running) meet no predicate of the feed index (migration 0012)."""
+    definition = conn.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'outboxq_jobs_feed_idx'").fetchone()
+    assert definition["indexdef"].endswith("WHERE (status <> 'running'::text)"), definition
+
+
 @pytest.mark.parametrize("name", ["metrics_unfinished_counts", "metrics_queue_lag"])
 def test_metrics_statements_never_scan_the_finished_history(history, name):
     plan = plan_of(history, getattr(sql, name), {})

@@ -278,7 +278,9 @@ JOB_COMPLETE_CTES = """done AS (
 released AS (
     UPDATE outboxq_jobs w
     SET status = 'queued', waiting_reason = NULL
-    WHERE w.status = 'waiting'
+    -- (Written as one IS TRUE test, the status matches no partial index's predicate: a generic plan made while
+    -- the table was empty read the feed index whole for each dependent instead of the primary key.)
+    WHERE (w.status = 'waiting') IS TRUE
       AND w.id IN (SELECT d.job_id FROM outboxq_job_dependencies d JOIN done ON d.depends_on_id = done.id)
       AND NOT EXISTS (
           SELECT 1 FROM outboxq_job_dependencies d2
@@ -343,7 +345,7 @@ job_release_dependents = f"""
 WITH released AS (
     UPDATE outboxq_jobs w
     SET status = 'queued', waiting_reason = NULL
-    WHERE w.status = 'waiting'
+    WHERE (w.status = 'waiting') IS TRUE  -- (by primary key: JOB_COMPLETE_CTES says why)
       AND w.id IN (SELECT d.job_id FROM outboxq_job_dependencies d WHERE d.depends_on_id = ANY(%(ids)s::bigint[]))
       AND NOT EXISTS (
           SELECT 1 FROM outboxq_job_dependencies d2
@@ -470,13 +472,24 @@ FOR UPDATE
 _FEED_COLUMNS = (f"{_COLUMNS_BEFORE_RESULT}, CASE WHEN %(include_result)s THEN result END AS result, "
                  f"{_COLUMNS_AFTER_RESULT}")
 
+# The running jobs are not in the feed index (a claim would write an entry there: migration 0012): they are read
+# through the lease index, whose entries are the running jobs of every queue (as many as the workers hold), and
+# merged with the others in feed order.
+_FEED_PART = f"""(SELECT {_FEED_COLUMNS}, created_xid
+ FROM outboxq_jobs
+ WHERE queue = %(queue)s AND {{part}}
+   AND created_xid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
+   AND (created_xid, id) > (%(after_xid)s::bigint, %(after_id)s::bigint)
+   AND (%(status)s::text IS NULL OR status = %(status)s::text)
+ ORDER BY created_xid, id
+ LIMIT %(limit)s)"""
+
 job_feed_page = f"""
-SELECT {_FEED_COLUMNS}, created_xid
-FROM outboxq_jobs
-WHERE queue = %(queue)s
-  AND created_xid < pg_snapshot_xmin(pg_current_snapshot())::text::bigint
-  AND (created_xid, id) > (%(after_xid)s::bigint, %(after_id)s::bigint)
-  AND (%(status)s::text IS NULL OR status = %(status)s::text)
+SELECT * FROM (
+{_FEED_PART.format(part="status <> 'running'")}
+UNION ALL
+{_FEED_PART.format(part="status = 'running'")}
+) page
 ORDER BY created_xid, id
 LIMIT %(limit)s
 """

@@ -182,7 +182,8 @@ WITH horizon AS MATERIALIZED (
     CROSS JOIN horizon h
     CROSS JOIN LATERAL (
         SELECT j.id, j.created_xid, j.status, j.limit_key FROM outboxq_jobs j
-        WHERE j.queue = p.queue AND j.created_xid < h.xmin AND (j.created_xid, j.id) > (p.after_xid, p.after_id)
+        WHERE j.queue = p.queue AND j.status <> 'running'  -- (the feed index's jobs; a running one is claimed already)
+          AND j.created_xid < h.xmin AND (j.created_xid, j.id) > (p.after_xid, p.after_id)
         ORDER BY j.created_xid, j.id LIMIT %(window)s
     ) r
 ), seen AS (
