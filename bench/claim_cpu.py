@@ -1,6 +1,7 @@
 """What a claim costs the server, without the noise of a whole drain: the PostgreSQL server process's CPU time
 per job while one connection claims and completes a queue's jobs until none is left (claim, commit, complete,
-commit), for each claim configuration given, alternated over `--rounds` rounds (medians).
+commit), for each claim configuration given, alternated over `--rounds` rounds (medians), with the claims' and the
+completions' shares.
 
     python bench/claim_cpu.py [--url postgresql://root@127.0.0.1:5432/postgres] [--jobs 40000] [--keys 100]
                               [--rounds 5] [CONFIG ...]
@@ -38,10 +39,13 @@ def server_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def drain(conn: psycopg.Connection, kind: str, limit: int, max_keys: int | None) -> int:
-    """Claim and complete until the queue is empty, as a worker's dispatcher and completer would; jobs done."""
-    after_key, done = "", 0
+def drain(conn: psycopg.Connection, kind: str, limit: int, max_keys: int | None) -> tuple[int, float, float]:
+    """Claim and complete until the queue is empty, as a worker's dispatcher and completer would; jobs done, and
+    the server CPU seconds of the claims and of the completions (each with its commit)."""
+    pid = conn.info.backend_pid
+    after_key, done, claims_s, completions_s = "", 0, 0.0, 0.0
     while True:
+        started = server_cpu_s(pid)
         if kind != "unlimited":
             conn.execute(limits_sql.queue_limit_claim_exclusive, {"queue": "q"})
         values = params(limit, after_key)
@@ -49,14 +53,17 @@ def drain(conn: psycopg.Connection, kind: str, limit: int, max_keys: int | None)
             values["max_keys"] = max_keys
         rows = conn.execute(CLAIMS[kind], values, prepare=True).fetchall()
         conn.commit()
+        claimed = server_cpu_s(pid)
+        claims_s += claimed - started
         if not rows:
-            return done
+            return done, claims_s, completions_s
         if kind == "per_key":
             after_key = limits.round_robin(rows, after_key)[1]
         conn.execute(sql.job_complete_batch, {"ids": [r["id"] for r in rows],
                                               "lease_tokens": [values["lease_token"]] * len(rows)},
                      prepare=True).fetchall()
         conn.commit()
+        completions_s += server_cpu_s(pid) - claimed
         done += len(rows)
 
 
@@ -77,6 +84,9 @@ def main() -> int:
         configs.append((text, kind, int(limit), int(max_keys[0]) if max_keys else None))
 
     per_job: dict[str, list[float]] = {text: [] for text, *_ in configs}
+    # (The claims' and the completions' shares: /proc's clock ticks are 10 ms, so read them over a whole drain.)
+    claims: dict[str, list[float]] = {text: [] for text, *_ in configs}
+    completions: dict[str, list[float]] = {text: [] for text, *_ in configs}
     with scratch_database(args.url) as url:
         print(f"{args.jobs:,} jobs, {args.keys:,} keys (per_key), {args.rounds} alternated rounds: server CPU "
               "per job (us)")
@@ -89,11 +99,14 @@ def main() -> int:
                     conn.execute(sql.session_generic_plans)  # as on the worker's own connections
                     conn.autocommit = False
                     before = server_cpu_s(pid)
-                    done = drain(conn, kind, limit, max_keys)
+                    done, claims_s, completions_s = drain(conn, kind, limit, max_keys)
                     per_job[text].append((server_cpu_s(pid) - before) / max(done, 1) * 1e6)
+                    claims[text].append(claims_s / max(done, 1) * 1e6)
+                    completions[text].append(completions_s / max(done, 1) * 1e6)
                 print(f"  round {round_number + 1}: " + ", ".join(f"{t} {v[-1]:.1f}" for t, v in per_job.items()))
         for text, values in per_job.items():
-            print(f"  {text:28} median {statistics.median(values):6.1f} us a job")
+            print(f"  {text:28} median {statistics.median(values):6.1f} us a job (claims "
+                  f"{statistics.median(claims[text]):.1f}, completions {statistics.median(completions[text]):.1f})")
     return 0
 
 
