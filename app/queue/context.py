@@ -6,7 +6,7 @@ import contextvars
 import importlib
 import json
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 from outboxq import tracing
@@ -54,16 +54,24 @@ def capture(queue: str | None = None) -> str | None:
     return json.dumps(values, default=str) if values else None
 
 
-@contextmanager
-def restored(values: dict[str, Any] | None) -> Iterator[None]:
+# What restored() returns for a job that captured nothing (most jobs): a generator's context manager, entered and
+# left around every handler run, was a large part of a short job's own overhead.
+_NOTHING_TO_RESTORE = nullcontext()
+
+
+def restored(values: dict[str, Any] | None) -> AbstractContextManager[None]:
     """Set the captured variables for the duration of the block (in the current context)."""
+    return _restoring(values) if values else _NOTHING_TO_RESTORE
+
+
+@contextmanager
+def _restoring(values: dict[str, Any]) -> Iterator[None]:
+    by_name = dict(_variables())
     tokens = []
-    if values:
-        by_name = dict(_variables())
-        for name, value in values.items():
-            var = by_name.get(name)
-            if var is not None:
-                tokens.append((var, var.set(value)))
+    for name, value in values.items():
+        var = by_name.get(name)
+        if var is not None:
+            tokens.append((var, var.set(value)))
     try:
         yield
     finally:
