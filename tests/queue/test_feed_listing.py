@@ -1,5 +1,6 @@
 """The listing feed holds a queue's jobs of every status, the running ones too (read through the lease index, not
-the feed index: migration 0012), each once, in feed order, whatever the page size and the status asked for."""
+the feed index: migration 0012), each once, in feed order, whatever the page size and the status asked for; the
+Spark source's bounds of a queue count its running jobs too."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 
 from outboxq.queue import feed, sql
 from outboxq.queue.jobs import JobStatus
+from outboxq.queue.sql import spark_stream as spark_stream_sql
 from outboxq.workers.claim_cursor import FROM_THE_FRONT
 
 STATUSES = [s.value for s in JobStatus]
@@ -56,3 +58,24 @@ def test_every_job_is_listed_once_in_feed_order_running_ones_too(conn, statuses,
 
     expected = [job_id for job_id in written if status is None or now[job_id] == status]
     assert _listed(conn, page, status) == expected
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(statuses=st.lists(st.sampled_from(STATUSES), min_size=0, max_size=12))
+def test_the_spark_sources_bounds_of_a_queue_span_its_jobs_of_every_status(conn, statuses):
+    conn.execute("DELETE FROM outboxq_jobs WHERE queue IN ('boundsq', 'otherq')")
+    conn.execute("INSERT INTO outboxq_jobs (queue, status, payload) VALUES ('otherq', 'queued', '{}')")
+    ids = [conn.execute(
+        "INSERT INTO outboxq_jobs (queue, status, payload, lease_token, lease_expires_at) VALUES ('boundsq', %s, "
+        "'{}'::jsonb, CASE WHEN %s THEN gen_random_uuid() END, CASE WHEN %s THEN now() + interval '1 minute' END) "
+        "RETURNING id", (status, status == "running", status == "running")).fetchone()["id"] for status in statuses]
+    conn.execute("INSERT INTO outboxq_jobs (queue, status, payload) VALUES ('otherq', 'queued', '{}')")
+    conn.commit()
+    no_filter = {"statuses": None, "created_from": None, "created_to": None, "finished_from": None,
+                 "finished_to": None}
+    bounds = conn.execute(spark_stream_sql.spark_source_id_range,
+                          {"queue": "boundsq", "id_from": 0, "id_to": 2**63 - 1, **no_filter}).fetchone()
+    newest = conn.execute(spark_stream_sql.spark_stream_newest_job, {"queue": "boundsq"}).fetchone()
+    conn.commit()
+    assert (bounds["low"], bounds["high"]) == ((min(ids), max(ids)) if ids else (None, None))
+    assert newest["id"] == (max(ids) if ids else 0)

@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 from outboxq.queue import sql
+from outboxq.queue.sql import spark_stream as spark_stream_sql
 from outboxq.workers.claim_cursor import FROM_THE_FRONT
 from tests.support import explain_prepared, plan_nodes
 
@@ -97,6 +98,24 @@ def test_the_feed_index_leaves_the_running_jobs_out_so_that_a_claim_writes_no_en
     """A claim's new row versions (running) meet no predicate of the feed index (migration 0012)."""
     definition = conn.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'outboxq_jobs_feed_idx'").fetchone()
     assert definition["indexdef"].endswith("WHERE (status <> 'running'::text)"), definition
+
+
+@pytest.mark.parametrize("name", ["spark_source_id_range", "spark_stream_newest_job"])
+def test_the_spark_sources_bounds_of_a_small_queue_read_its_own_entries_not_the_whole_history(history, name):
+    """A small queue beside a large one: its least and greatest ids come from its own range of the feed index
+    (and the lease index for its running jobs), not from a walk of the primary key over the other queue's jobs."""
+    history.execute("INSERT INTO outboxq_jobs (queue, status, payload) SELECT 'tiny', 'queued', '{}'::jsonb "
+                    "FROM generate_series(1, 20)")
+    history.commit()
+    history.autocommit = True
+    history.execute("ANALYZE outboxq_jobs")
+    history.autocommit = False
+    plan = plan_of(history, getattr(spark_stream_sql, name), {
+        "queue": "tiny", "id_from": 0, "id_to": 2**63 - 1, "statuses": None, "created_from": None,
+        "created_to": None, "finished_from": None, "finished_to": None})
+    assert_no_seq_scan(plan)
+    assert {i for _, i in scans_of_jobs(plan)} <= {"outboxq_jobs_feed_idx", "outboxq_jobs_lease_idx"}, \
+        scans_of_jobs(plan)
 
 
 @pytest.mark.parametrize("name", ["metrics_unfinished_counts", "metrics_queue_lag"])
