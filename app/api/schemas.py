@@ -121,16 +121,38 @@ class JobCreate(TypedDict, total=False):
         "worker computes the key from the payload", max_length=MAX_LIMIT_KEY_LENGTH, pattern=KEY_PATTERN)]
 
 
-def _fields_agree(job: JobCreate) -> JobCreate:
+def fields_disagree(job: JobCreate) -> str | None:
+    """The rule of JOB_FIELD_RULES that a job's fields break, said as what to fix; None when they agree."""
     if job.get("run_at") is not None and job.get("delay_seconds") is not None:
-        raise ValueError("give either run_at or delay_seconds, not both")
+        return "give either run_at or delay_seconds, not both"
     if job.get("unique", "forever") != "forever" and job.get("key") is None:
-        raise ValueError("unique applies to jobs with a key: give key")
+        return "unique applies to jobs with a key: give key"
+    return None
+
+
+def _fields_agree(job: JobCreate) -> JobCreate:
+    problem = fields_disagree(job)
+    if problem is not None:
+        raise ValueError(problem)
     return job
 
 
 JobCreateBody = Annotated[JobCreate, AfterValidator(_fields_agree)]
 JOB_CREATE = TypeAdapter(JobCreateBody)
+
+
+def batch_fields_disagree(jobs: list[JobCreate]) -> list[dict[str, Any]]:
+    """The jobs of a batch whose fields break JOB_FIELD_RULES, as the problems pydantic reports for a
+    JobCreateBody that does (a value_error at body.jobs.N), so that they answer the same 422."""
+    problems = []
+    for index, job in enumerate(jobs):
+        # (Only a job giving run_at or unique can break a rule: the loop's test, not a call, for the others.)
+        if "run_at" in job or "unique" in job:
+            problem = fields_disagree(job)
+            if problem is not None:
+                problems.append({"type": "value_error", "loc": ("body", "jobs", index), "input": job,
+                                 "msg": f"Value error, {problem}", "ctx": {"error": problem}})
+    return problems
 
 
 def job_option(job: JobCreate, name: str) -> Any:
@@ -141,7 +163,9 @@ def job_option(job: JobCreate, name: str) -> Any:
 class JobBatchCreate(RequestModel):
     """Many jobs of one queue: all written, or none."""
 
-    jobs: list[JobCreateBody] = Field(min_length=1, description="Up to the server's max_batch_jobs (default 1000)")
+    # JobCreate, not JobCreateBody: pydantic calling _fields_agree for each job was half of a 1,000-job batch's
+    # validation; the route checks the rules once for the batch (batch_fields_disagree), with the same answer.
+    jobs: list[JobCreate] = Field(min_length=1, description="Up to the server's max_batch_jobs (default 1000)")
 
 
 class JobPublic(BaseModel):

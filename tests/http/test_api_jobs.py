@@ -238,6 +238,23 @@ def test_batch_is_all_or_nothing(api, db_url, jobs):
     assert job_count(db_url) == 0
 
 
+@pytest.mark.parametrize("bad,rule", [
+    ({"payload": 2, "run_at": "2030-01-01T00:00:00Z", "delay_seconds": 5},
+     "give either run_at or delay_seconds, not both"),
+    ({"payload": 2, "unique": "active"}, "unique applies to jobs with a key: give key"),
+    ({"payload": 2, "unique": 60, "key": None}, "unique applies to jobs with a key: give key"),
+])
+def test_batch_jobs_whose_fields_disagree_are_named_by_index_and_nothing_is_written(api, db_url, bad, rule):
+    agreeing = [{"payload": 1, "run_at": "2030-01-01T00:00:00Z", "delay_seconds": None},
+                {"payload": 3, "unique": "active", "key": "k3"}, {"payload": 4, "unique": "forever"}]
+    r = api.post("/v1/queues/q/jobs/batch", json={"jobs": [agreeing[0], bad, *agreeing[1:], bad]})
+    assert r.status_code == 422, r.text
+    assert r.json()["error"] == {"code": "invalid_request", "message": f"body field 'jobs.1' Value error, {rule}; "
+                                                                       f"body field 'jobs.4' Value error, {rule}"}
+    assert job_count(db_url) == 0
+    assert api.post("/v1/queues/q/jobs/batch", json={"jobs": agreeing}).status_code == 201
+
+
 def test_batch_with_a_key_that_already_exists_writes_none_of_its_jobs(api, db_url):
     assert api.post("/v1/queues/q/jobs", json={"payload": 0, "key": "taken"}).status_code == 201
     r = api.post("/v1/queues/q/jobs/batch", json={"jobs": [{"payload": 1, "key": "new"},

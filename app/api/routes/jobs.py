@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Query, Request
 from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from outboxq.api.auth import EnqueuePrincipal, scoped
@@ -33,6 +34,7 @@ from outboxq.api.schemas import (
     JobCreateBody,
     JobPage,
     JobPublic,
+    batch_fields_disagree,
     job_held_public,
     job_option,
     job_public,
@@ -143,6 +145,9 @@ def create_jobs(queue: QueueName, body: JobBatchCreate, request: Request, princi
     # (The route class counted the jobs before the body was parsed; this holds for any route class.)
     if len(body.jobs) > settings.max_batch_jobs:
         raise InvalidInput(too_many_jobs(settings.max_batch_jobs, len(body.jobs)))
+    disagreeing = batch_fields_disagree(body.jobs)
+    if disagreeing:
+        raise RequestValidationError(disagreeing)
     request_bytes = int(request.headers.get("content-length") or settings.max_payload_bytes)
     # Re-encoding a payload can make it longer than it was in the request (1E15 becomes 1000000000000000.0,
     # 4.5 times), never 8 times: a smaller request cannot hold a payload over the limit, and is not checked.
