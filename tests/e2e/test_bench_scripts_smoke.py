@@ -55,6 +55,11 @@ def test_http_phases_runs(pg_server_url):
     assert "enqueue_many" in out and "HTTP / Python" in out
 
 
+def test_http_ab_runs(pg_server_url):
+    out = _run("http_ab.py", "--database-url", pg_server_url, "--rounds", "2", "--jobs", "20", "--base", "HEAD")
+    assert "base HEAD minimal" in out and "checkout" in out and "of the Python path" in out
+
+
 def test_operations_latency_runs(pg_server_url):
     out = _run("operations_latency.py", pg_server_url, "3000")
     assert "beside 3,000 finished jobs" in out and "search, matches nothing" in out and "live workers" in out

@@ -97,12 +97,15 @@ def _run_until_done(worker, db_url, queue, n):
 
 
 def test_global_concurrency_holds_across_worker_processes_and_is_reached(db_url, tmp_path):
-    _fill(db_url, "flow_global", [{"sleep": 0.15} for _ in range(30)])
     # Two handlers each: together they could run 4, so the limit of 3 binds across the processes, and both
     # take part (a worker whose own slot frees claims again at once, so one worker with 4 could take them all).
     workers = [_start_worker(db_url, tmp_path / f"w{i}.log", "flow_global", "--concurrency", "2")
                for i in range(2)]
     try:
+        # The jobs come once both workers have announced themselves: on a loaded machine one process started
+        # seconds after the other, and the first had run the jobs two at a time by then.
+        wait_for(lambda: _count(db_url, "SELECT count(*) FROM outboxq_workers") == 2, timeout=60)
+        _fill(db_url, "flow_global", [{"sleep": 0.15} for _ in range(30)])
         wait_for(lambda: _all_done(db_url, "flow_global", 30), timeout=60)
     finally:
         _stop(*workers)
