@@ -17,7 +17,7 @@ from fastapi.routing import APIRoute
 from psycopg_pool import ConnectionPool
 
 from outboxq.api import errors
-from outboxq.api.auth import FailedAuthLimiter, TokenEntry, check_headers
+from outboxq.api.auth import FailedAuthLimiter, Principal, TokenEntry, check_headers
 from outboxq.db import loads_json
 from outboxq.errors import InvalidInput
 from outboxq.queue.admin import HealthMonitor
@@ -91,14 +91,15 @@ class OutboxqRoute(APIRoute):
                         422, "invalid_request", f"unknown query parameter {', '.join(map(repr, unknown[:5]))}: "
                         f"this route takes {', '.join(sorted(accepted)) or 'none'}")
                 if request.method in BODY_METHODS:
+                    principal = None
                     if scope is not None:
                         # The headers say who asks: a request that may not be served is refused before its body
                         # (a batch's may hold max_batch_jobs payloads) is read. (The route checks again, as ever.)
-                        await check_headers(request, scope)
+                        principal = await check_headers(request, scope)
                     refused = await _read_body(request, api_state(request), batch)
                     if refused is not None:
                         return refused
-                    answered = await self.answer_directly(request)
+                    answered = await self.answer_directly(request, principal)
                     if answered is not None:
                         return answered
                 return await handle(request)
@@ -107,10 +108,11 @@ class OutboxqRoute(APIRoute):
 
         return handler
 
-    async def answer_directly(self, request: FastJsonRequest) -> Response | None:
+    async def answer_directly(self, request: FastJsonRequest, principal: Principal | None) -> Response | None:
         """The answer to a request whose body is read and passed the limits, made without FastAPI's dependencies and
-        validation; None (here, always) for the route's own handling. A subclass answers its commonest requests so
-        where they cost more than the work (BatchRoute)."""
+        validation (`principal`: who the headers say asks, checked for the route's scope; None for a route without
+        one); None (here, always) for the route's own handling. A subclass answers its commonest requests so where
+        they cost more than the work (BatchRoute)."""
         return None
 
 

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from psycopg_pool import ConnectionPool
 from starlette.concurrency import run_in_threadpool
 
-from outboxq.api.auth import EnqueuePrincipal, Principal, check_headers, scoped
+from outboxq.api.auth import EnqueuePrincipal, Principal, scoped
 from outboxq.api.deps import (
     IdempotencyKey,
     IncludeResult,
@@ -225,7 +225,7 @@ class BatchRoute(OutboxqRoute):
     own handling, which validates it and says what is wrong.
     """
 
-    async def answer_directly(self, request: FastJsonRequest) -> Response | None:
+    async def answer_directly(self, request: FastJsonRequest, principal: Principal | None) -> Response | None:
         """write_batch's answer to a batch of payloads alone; None for any other request."""
         queue = request.path_params.get("queue")
         media_type = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
@@ -238,9 +238,8 @@ class BatchRoute(OutboxqRoute):
         except (ValueError, RecursionError):
             return None
         batch = payloads_alone(body, state.settings.max_batch_jobs)
-        if batch is None or state.pool is None:
+        if batch is None or principal is None or state.pool is None:
             return None
-        principal = await check_headers(request, "enqueue")
         return await run_in_threadpool(write_batch, queue, batch, request, principal, state.pool, state.settings,
                                        None, lambda: body)
 
