@@ -69,7 +69,7 @@ def serve(port: int) -> None:
 
         setattr(module, name, wrapper)
 
-    for name in ("payloads_alone", "check_dependency_count", "enqueue_many_written", "jobs_public",
+    for name in ("payloads_alone", "check_dependency_count", "enqueue_many_written", "jobs_answer",
                  "idempotent_write"):
         timed(routes, name)
 

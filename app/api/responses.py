@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import re
 from typing import Any
 
@@ -14,20 +15,28 @@ from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
-class OrjsonResponse(JSONResponse):
-    """A JSONResponse rendered by orjson: a 1,000-job batch's answer in a fifth of json.dumps' time.
+class RenderedJSON(bytes):
+    """A response's content rendered as UTF-8 JSON already (a batch's answer made from its payloads' texts):
+    OrjsonResponse sends it as it is."""
 
-    The content must be JSON values already (times as text, as job_public makes them; no NaN, which payloads
-    refuse). What orjson refuses, an integer beyond 64 bits that a JSON payload may hold, is rendered the
-    standard way instead: the same values either way.
-    """
+
+def render_json(content: Any) -> bytes:
+    """JSON values (times as text, as job_public makes them; no NaN, which payloads refuse) as UTF-8 JSON, by
+    orjson; what orjson refuses, an integer beyond 64 bits that a JSON payload may hold, the standard way
+    instead: the same values either way."""
+    try:
+        return orjson.dumps(content)
+    except orjson.JSONEncodeError:
+        return json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+
+
+class OrjsonResponse(JSONResponse):
+    """A JSONResponse rendered by orjson (render_json): a 1,000-job batch's answer in a fifth of json.dumps'
+    time; a RenderedJSON content is sent as it is."""
 
     def render(self, content: Any) -> bytes:
         """The content as UTF-8 JSON."""
-        try:
-            return orjson.dumps(content)
-        except orjson.JSONEncodeError:
-            return super().render(content)
+        return content if isinstance(content, RenderedJSON) else render_json(content)
 
 
 # ---------------------------------------------------------------- the documentation pages' security headers

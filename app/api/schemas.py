@@ -21,6 +21,7 @@ from pydantic import (
 from pydantic.json_schema import JsonDict
 from typing_extensions import TypedDict
 
+from outboxq.api.responses import RenderedJSON, render_json
 from outboxq.queue.enqueue import MAX_KEY_LENGTH, PRIORITY_RANGE, QUEUE_NAME_PATTERN
 from outboxq.queue.jobs import QueuedBatch
 from outboxq.queue.limits import MAX_LIMIT_KEY_LENGTH, RATE_LIMIT_PATTERN
@@ -368,6 +369,32 @@ def jobs_public(jobs: QueuedBatch | Sequence[Any]) -> list[dict[str, Any]]:
         return _batch_public(jobs) if jobs.ids else []
     formatted: dict[int, str] = {}
     return [_job_public(job, formatted) for job in jobs]
+
+
+def jobs_answer(jobs: QueuedBatch | Sequence[Any]) -> dict[str, Any] | RenderedJSON:
+    """A batch route's answer, `{"jobs": [...]}` (jobs_public): for a QueuedBatch of JSON payloads, rendered from
+    its payloads' texts as written, with what its jobs share rendered once (a third of building and rendering
+    each job's dict)."""
+    if isinstance(jobs, QueuedBatch) and jobs.payload_texts is not None and jobs.ids:
+        return _batch_json(jobs, jobs.payload_texts)
+    return {"jobs": jobs_public(jobs)}
+
+
+def _batch_json(batch: QueuedBatch, texts: Sequence[str]) -> RenderedJSON:
+    """`{"jobs": [...]}` for jobs that differ only in id and payload: the first job's fields (as _job_public
+    orders them) rendered once around the two that differ, each payload's text spliced in as written."""
+    first = _job_public(batch.jobs(1)[0], {})
+    names = list(first)
+    if names[0] != "id" or first["payload_encoding"] != "json":  # pragma: no cover - _job_public's order changed
+        raise TypeError("_batch_json needs the id first and a JSON payload")
+    at = names.index("payload")
+    # Each part is a JSON object's members without its braces: '"queue":"q","key":null,"status":"queued"'.
+    before = render_json({name: first[name] for name in names[1:at]})[1:-1].decode()
+    after = render_json({name: first[name] for name in names[at + 1:]})[1:-1].decode()
+    head, middle, tail = '{"id":', f',{before},"payload":', f",{after}}}"
+    # (The texts are payload_json's: orjson's UTF-8 or json.dumps' ASCII, so the whole encodes.)
+    jobs = ",".join([f"{head}{job_id}{middle}{text}{tail}" for job_id, text in zip(batch.ids, texts, strict=True)])
+    return RenderedJSON(f'{{"jobs":[{jobs}]}}'.encode())
 
 
 def _batch_public(batch: QueuedBatch) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ import re
 from collections.abc import Generator, Iterable, Sequence
 from datetime import datetime, timedelta
 from itertools import repeat
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import psycopg
@@ -693,8 +693,10 @@ def _copy_jobs(queue: str, payloads: list[Any], encoded: list[tuple[str | None, 
     ids, now = reserved["ids"], reserved["now"]
     due = run_at or (now + timedelta(seconds=delay_s or 0.0))
     columns: list[str] = ["id", "queue", "payload"]
-    values: list[Iterable[Any]] = [ids, repeat(queue), [text for text, _ in encoded]]
-    if any(data is not None for _, data in encoded):
+    texts = [text for text, _ in encoded]
+    values: list[Iterable[Any]] = [ids, repeat(queue), texts]
+    binary = any(data is not None for _, data in encoded)
+    if binary:
         columns.append("payload_bytes")
         values.append([data for _, data in encoded])
     if priority:
@@ -719,7 +721,8 @@ def _copy_jobs(queue: str, payloads: list[Any], encoded: list[tuple[str | None, 
     if due <= now:
         yield Statement(sql.job_notify_ready, {"queue": queue}, rows="none")
     return QueuedBatch(ids, payloads, queue=queue, priority=priority, run_at=due, max_attempts=max_attempts,
-                       context=json.loads(context) if context else None, created_at=now)
+                       context=json.loads(context) if context else None, created_at=now,
+                       payload_texts=None if binary else cast(list[str], texts))
 
 
 def _insert_keyed_jobs(

@@ -68,10 +68,12 @@ def begin(conn: Any, scope: str, key: str, body_hash: str) -> StoredResponse | N
 
 
 def record(conn: Any, scope: str, key: str, body_hash: str, status: int, body: Any) -> None:
-    """Store the response of the first request with this key, in the caller's transaction."""
+    """Store the response of the first request with this key, in the caller's transaction; `body` is its JSON
+    value, or its UTF-8 JSON text as bytes (an answer rendered already)."""
+    stored = Jsonb(body, dumps=bytes.decode) if isinstance(body, bytes) else Jsonb(body)
     with psycopg_connection(conn).cursor() as cur:
         cur.execute(
             sql.idempotency_insert,
             {"scope": scope, "key": key, "request_hash": body_hash, "response_status": status,
-             "response_body": Jsonb(body)},
+             "response_body": stored},
         )

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.api_support import api_client, count, job_count
 
@@ -88,7 +90,7 @@ def test_an_answer_that_cannot_be_made_rolls_the_write_back(api, db_url, monkeyp
     def broken(jobs):
         raise RuntimeError("answer failed")
 
-    monkeypatch.setattr(routes, "jobs_public", broken)
+    monkeypatch.setattr(routes, "jobs_answer", broken)
     r = api.post("/v1/queues/q/jobs/batch", json={"jobs": [{"payload": 1}, {"payload": 2}]})
     assert r.status_code == 500 and job_count(db_url) == 0
 
@@ -201,6 +203,64 @@ def test_a_batch_of_sibling_jobs_has_the_json_each_job_has_alone(payloads, encod
                         context={"trace": "t"}, created_at=now) for i, p in enumerate(payloads)]
     assert jobs_public(batch) == [job_public(job) for job in jobs]
     assert [j["payload_encoding"] for j in jobs_public(batch)] == encodings
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(st.characters(exclude_categories=())),  # (surrogates too)
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(payloads=st.lists(JSON_VALUES, min_size=1, max_size=6),
+       context=st.none() | st.dictionaries(st.text(max_size=8), JSON_VALUES, max_size=3),
+       max_attempts=st.none() | st.integers(1, 1000), queue=st.from_regex(r"[a-z][a-z0-9_.-]{0,20}", fullmatch=True))
+def test_a_batch_answer_rendered_from_the_payloads_texts_reads_as_each_jobs_own_json(payloads, context,
+                                                                                       max_attempts, queue):
+    """jobs_answer splices the texts enqueue_many wrote into one rendering of what the jobs share: any JSON
+    payloads (integers beyond 64 bits, NUL and lone surrogates, deep nesting) read as job_public reads each job."""
+    from datetime import UTC, datetime
+
+    from outboxq.api.responses import RenderedJSON
+    from outboxq.api.schemas import job_public, jobs_answer
+    from outboxq.queue.enqueue import payload_json
+    from outboxq.queue.jobs import QueuedBatch
+
+    now = datetime(2026, 12, 6, 12, 0, 0, 123456, tzinfo=UTC)
+    texts = [payload_json(p) for p in payloads]
+    batch = QueuedBatch(list(range(2**40, 2**40 + len(payloads))), payloads, queue=queue, priority=-3,
+                        run_at=now, max_attempts=max_attempts, context=context, created_at=now,
+                        payload_texts=texts)
+    answer = jobs_answer(batch)
+    assert isinstance(answer, RenderedJSON)
+    answer.decode("utf-8")  # (strict: no lone surrogate reaches the wire)
+    expected = {"jobs": [job_public(job) for job in batch.jobs()]}
+    assert json.loads(answer) == json.loads(json.dumps(expected))
+    assert list(json.loads(answer)["jobs"][0]) == list(expected["jobs"][0])  # the fields in JobPublic's order
+
+
+def test_a_batch_answer_without_texts_or_of_a_codec_is_built_from_the_jobs():
+    from datetime import UTC, datetime
+
+    from outboxq.api.schemas import job_public, jobs_answer
+    from outboxq.queue.jobs import QueuedBatch
+
+    now = datetime(2026, 12, 6, tzinfo=UTC)
+    batch = QueuedBatch([1, 2], [b"\x01", b"\x02"], queue="q", priority=0, run_at=now, max_attempts=None,
+                        context=None, created_at=now)
+    assert jobs_answer(batch) == {"jobs": [job_public(job) for job in batch.jobs()]}
+    assert jobs_answer([]) == {"jobs": []}
+
+
+def test_an_idempotent_batch_replays_the_rendered_answer_as_it_was_sent(api, db_url):
+    body = {"jobs": [{"payload": {"i": i, "s": "\u00e9\u2028\U0001f600"}} for i in range(3)]}
+    headers = {"Idempotency-Key": "rendered-1"}
+    first = api.post("/v1/queues/q/jobs/batch", json=body, headers=headers)
+    again = api.post("/v1/queues/q/jobs/batch", json=body, headers=headers)
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.json() == first.json() and job_count(db_url) == 3
+    assert [j["payload"] for j in first.json()["jobs"]] == [job["payload"] for job in body["jobs"]]
 
 
 def test_batch_whose_jobs_differ_in_options_writes_each_with_its_own(api):

@@ -41,6 +41,7 @@ from outboxq.api.schemas import (
     job_held_public,
     job_option,
     job_public,
+    jobs_answer,
     jobs_public,
 )
 from outboxq.errors import InvalidInput, JobNotFound
@@ -158,31 +159,36 @@ def create_jobs(queue: QueueName, body: JobBatchCreate, request: Request, princi
 
 
 def write_batch(queue: str, batch: list[JobCreate], request: Request, principal: Principal, pool: ConnectionPool,
-                settings: Settings, idempotency_key: str | None, request_body: Callable[[], Any]) -> JSONResponse:
+                settings: Settings, idempotency_key: str | None, request_body: Callable[[], Any], *,
+                payloads_only: bool = False) -> JSONResponse:
     """Write a batch's valid jobs in one transaction and answer them (create_jobs; BatchRoute for a batch of
-    payloads alone): the payloads' size checked, the jobs written by one enqueue_many when they share their
-    options, else one by one."""
+    payloads alone, `payloads_only`): the payloads' size checked, the jobs written by one enqueue_many when they
+    share their options, else one by one."""
     request_bytes = int(request.headers.get("content-length") or settings.max_payload_bytes)
     # Re-encoding a payload can make it longer than it was in the request (1E15 becomes 1000000000000000.0,
     # 4.5 times), never 8 times: a smaller request cannot hold a payload over the limit, and is not checked.
     if request_bytes * 8 > settings.max_payload_bytes:
         for index, job in enumerate(batch):
             check_payload_size(job["payload"], settings.max_payload_bytes, f"jobs[{index}].payload")
-    check_dependency_count(batch, settings.max_dependencies_per_request)
-    uniform = _uniform(batch)
     minimal = prefers_minimal(request)  # (every Prefer line: `prefer` of create_jobs documents the header)
-    hide_held = "read" not in principal.scopes and any(job_option(j, "on_conflict") == "ignore" and "key" in j
-                                                       for j in batch)
+    if payloads_only:  # (no options, keys or dependencies: a look at each job would find nothing)
+        uniform, hide_held = True, False
+    else:
+        check_dependency_count(batch, settings.max_dependencies_per_request)
+        uniform = _uniform(batch)
+        hide_held = "read" not in principal.scopes and any(
+            job_option(j, "on_conflict") == "ignore" and "key" in j for j in batch)
 
-    def work(conn: Any) -> dict[str, Any]:
+    def work(conn: Any) -> dict[str, Any] | bytes:
         jobs: QueuedBatch | list[Job]
         if uniform:
             shared = _options(batch[0])
             # (keys=None when no job has one: a key-less batch is then written as enqueue_many writes one, with
             # no check per key.)
-            keys = [j.get("key") for j in batch] if any("key" in j for j in batch) else None
-            limit_keys = ([j.get("limit_key") for j in batch] if any("limit_key" in j for j in batch)
-                          else None)
+            keys = ([j.get("key") for j in batch] if not payloads_only and any("key" in j for j in batch)
+                    else None)
+            limit_keys = ([j.get("limit_key") for j in batch]
+                          if not payloads_only and any("limit_key" in j for j in batch) else None)
             jobs = enqueue_many_written(conn, queue, [j["payload"] for j in batch], keys=keys,
                                         limit_keys=limit_keys,
                                         **{option: shared[option] for option in SHARED_OPTIONS.values()})
@@ -190,10 +196,11 @@ def write_batch(queue: str, batch: list[JobCreate], request: Request, principal:
             jobs = [enqueue(conn, queue, j["payload"], **_options(j)) for j in batch]
         if minimal:
             return {"ids": list(jobs.ids) if isinstance(jobs, QueuedBatch) else [job.id for job in jobs]}
-        answer = jobs_public(jobs)
         if hide_held and not isinstance(jobs, QueuedBatch):  # (a QueuedBatch holds only jobs it wrote)
+            answer = jobs_public(jobs)
             _hide_held_jobs(conn, jobs, answer)
-        return {"jobs": answer}
+            return {"jobs": answer}
+        return jobs_answer(jobs)
 
     response = idempotent_write(request, pool, principal.id, idempotency_key, request_body, work)
     if minimal:
@@ -241,7 +248,7 @@ class BatchRoute(OutboxqRoute):
         if batch is None or principal is None or state.pool is None:
             return None
         return await run_in_threadpool(write_batch, queue, batch, request, principal, state.pool, state.settings,
-                                       None, lambda: body)
+                                       None, lambda: body, payloads_only=True)
 
 
 router.add_api_route(
