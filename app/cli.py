@@ -88,6 +88,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     """Run a worker for the consumers of the given handler modules until SIGTERM/SIGINT."""
+    from outboxq.gc_tuning import tune_collector
     from outboxq.settings import get_settings
     from outboxq.workers.registry import load_handler_modules
     from outboxq.workers.runner import Worker
@@ -104,6 +105,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
                     poll_interval=args.poll_interval, metrics_port=args.metrics_port)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: worker.request_stop())
+    tune_collector()  # (this process is the worker's own: see outboxq.gc_tuning)
     worker.run()
     return 0
 

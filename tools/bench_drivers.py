@@ -173,7 +173,15 @@ def outboxq_worker(spec: dict[str, Any], handler: Any) -> Any:
     from outboxq.workers.runner import Worker
 
     consumers = [Consumer(queue=queue, handler=handler, **spec.get("consumer", {})) for queue in outboxq_queues(spec)]
-    return Worker(consumers, url=spec["url"], **spec.get("worker", {}))
+    worker = Worker(consumers, url=spec["url"], **spec.get("worker", {}))
+    # The collector as `outboxq worker` tunes it for its process (a variant's older package may not have it).
+    try:
+        from outboxq.gc_tuning import tune_collector
+    except ImportError:
+        pass
+    else:
+        tune_collector()
+    return worker
 
 
 def thread_cpu_s() -> dict[str, float]:

@@ -21,7 +21,7 @@ from outboxq.workers.maintenance import rescue
 from outboxq.workers.registry import Consumer
 from outboxq.workers.runner import Worker
 from tests.handlers_basic import RUNS_TABLE_DDL
-from tests.support import wait_for
+from tests.support import status_of, stop_processes, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -159,6 +159,22 @@ def test_several_worker_processes_never_run_the_same_job_twice(db_url):
     assert runs == total and distinct_jobs == total
     assert pids == 3  # every process took part
     assert codes == [0, 0, 0]
+
+
+def test_the_worker_command_runs_with_the_collector_tuned_for_a_worker(db_url):
+    # (outboxq.gc_tuning: what start-up built is frozen, young collections every YOUNG_THRESHOLD allocations.)
+    from outboxq.gc_tuning import YOUNG_THRESHOLD
+
+    worker = _start_worker(db_url, "--queues", "collector")
+    try:
+        with psycopg.connect(db_url, autocommit=True) as c:
+            job = enqueue(c, "collector", {})
+            wait_for(lambda: status_of(db_url, job.id) == "done", timeout=60)
+            result = c.execute("SELECT result FROM outboxq_jobs WHERE id = %s", (job.id,)).fetchone()[0]
+    finally:
+        stop_processes(worker)
+    assert result["young_threshold"] == YOUNG_THRESHOLD
+    assert result["frozen"] > 1000  # (the imports and the worker's own objects)
 
 
 def test_sigterm_lets_the_running_job_finish_and_hands_back_the_rest(db_url):
