@@ -4,7 +4,7 @@ only freezes what it built at start-up: a larger young generation made its 1,000
 
 A drain allocates and frees a few objects per job, most of them freed by reference counting, but a claimed
 batch's jobs live until they are completed: at the default threshold (700 net allocations) the collector ran
-about 370 young collections, 34 middle and 3 full ones in a one-process drain of 50,000 jobs, about 110 ms in
+about 360 young collections, 33 middle and 3 full ones in a one-process drain of 50,000 jobs, 110-130 ms in
 all, every one of them with the GIL held, so every thread stood still meanwhile; a full collection walked
 everything the process had imported (50,000 objects, 20-25 ms each). Frozen, what the start-up built is no
 longer walked; with a young generation of YOUNG_THRESHOLD, a drain of 50,000 jobs ran none at all
