@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import os
 import threading
 import time
@@ -34,12 +33,6 @@ def slow(payload: dict, ctx: JobContext) -> None:
     _log_run(ctx.job_id, "started")
     time.sleep(payload.get("seconds", 1.0))
     _log_run(ctx.job_id, "finished")
-
-
-@consumer("collector")
-def collector(payload: dict, ctx: JobContext) -> dict:
-    """The cycle collector's settings in this worker process, as the job's result."""
-    return {"young_threshold": gc.get_threshold()[0], "frozen": gc.get_freeze_count()}
 
 
 RUNS_TABLE_DDL = "CREATE TABLE IF NOT EXISTS test_runs (job_id bigint, pid int, note text, at timestamptz DEFAULT now())"

@@ -181,6 +181,7 @@ def test_request_json_is_read_as_json_loads_reads_it(api):
     assert stored == [{"big": 123456789012345678901234567890, "neg": -98765432109876543210987},
                       {"max64": 18446744073709551615, "f": 0.1, "s": "\u00e9"}]
     assert type(stored[0]["big"]) is int
+    assert [j["payload"] for j in r.json()["jobs"]] == stored  # the answer, spliced from the texts written, too
 
 @pytest.mark.parametrize("payloads, encodings", [
     ([{"i": 1}, b"\x01", [2]], ["json", "base64", "json"]),  # a codec's bytes among JSON payloads

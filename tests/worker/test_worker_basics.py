@@ -165,7 +165,7 @@ def test_the_worker_command_runs_with_the_collector_tuned_for_a_worker(db_url):
     # (outboxq.gc_tuning: what start-up built is frozen, young collections every YOUNG_THRESHOLD allocations.)
     from outboxq.gc_tuning import YOUNG_THRESHOLD
 
-    worker = _start_worker(db_url, "--queues", "collector")
+    worker = _start_worker(db_url, handlers="tests.handlers_collector")
     try:
         with psycopg.connect(db_url, autocommit=True) as c:
             job = enqueue(c, "collector", {})
