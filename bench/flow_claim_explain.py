@@ -52,10 +52,14 @@ def fill(conn: psycopg.Connection, kind: str, keys: int, jobs: int) -> None:
     conn.execute("VACUUM ANALYZE outboxq_jobs")
 
 
+MAX_KEYS: int | None = None  # --max-keys: how many keys a per-key claim scans (None: key_budget(limit))
+
+
 def params(limit: int, after_key: str) -> dict:
     """The claim's parameters, as the worker passes them."""
+    max_keys = MAX_KEYS or limits.key_budget(limit)
     return {"queue": "q", "limit": limit, "lease_token": uuid.uuid4(), "lease_s": 30.0, "worker_id": "bench",
-            "default_max_attempts": 5, **FROM_THE_FRONT, "after_key": after_key, "max_keys": limits.key_budget(limit),
+            "default_max_attempts": 5, **FROM_THE_FRONT, "after_key": after_key, "max_keys": max_keys,
             "reserve": 0}
 
 
@@ -120,10 +124,11 @@ def explain_generic(conn: psycopg.Connection, kind: str, limit: int, after_key: 
     return statistics.median(planning), statistics.median(execution), int(statistics.median(buffers))
 
 
-def drain_some(conn: psycopg.Connection, kind: str, limit: int, claims: int) -> str:
-    """Claim and complete `claims` batches as a worker would; returns the per-key round robin's cursor."""
+def drain_some(conn: psycopg.Connection, kind: str, limit: int, claims: int, running: int = 0) -> str:
+    """Claim and complete `claims` batches as a worker would, the last `running` of them left running (as the
+    jobs that the workers hold in a drain); returns the per-key round robin's cursor."""
     after_key = ""
-    for _ in range(claims):
+    for n in range(claims):
         if kind != "unlimited":
             conn.execute(limits_sql.queue_limit_claim_exclusive, {"queue": "q"})
         p = params(limit, after_key)
@@ -131,6 +136,8 @@ def drain_some(conn: psycopg.Connection, kind: str, limit: int, claims: int) -> 
         conn.commit()
         if kind == "per_key" and rows:
             after_key = limits.round_robin(rows, after_key)[1]
+        if n >= claims - running:
+            continue
         conn.execute(sql.job_complete_batch, {"ids": [r["id"] for r in rows],
                                               "lease_tokens": [p["lease_token"]] * len(rows)}).fetchall()
         conn.commit()
@@ -148,7 +155,14 @@ def main() -> int:
     parser.add_argument("--generic", action="store_true",
                         help="also the limited claims prepared, with their generic plan (as the worker runs them)")
     parser.add_argument("--plan", action="store_true", help="also print each claim's plan in the middle of the drain")
+    parser.add_argument("--running", type=int, default=0,
+                        help="how many of the --claims claims stay running (not completed), as in a drain")
+    parser.add_argument("--max-keys", type=int, default=None,
+                        help="keys a per-key claim scans (default: every key it may need; a drain's deep turns "
+                             "scan limit / 40)")
     args = parser.parse_args()
+    global MAX_KEYS
+    MAX_KEYS = args.max_keys
 
     with scratch_database(args.url) as url:
         print(f"{args.jobs:,} ready jobs, {args.keys:,} keys (per_key), claims of {args.limit}")
@@ -158,7 +172,7 @@ def main() -> int:
                 fill(conn, kind, args.keys, args.jobs)
                 conn.autocommit = False
                 at_rest = explain(conn, kind, args.limit, "", args.repeat)
-                after_key = drain_some(conn, kind, args.limit, args.claims)
+                after_key = drain_some(conn, kind, args.limit, args.claims, args.running)
                 mid = explain(conn, kind, args.limit, after_key, args.repeat)
                 print(f"  {kind:18} at rest: planning {at_rest[0]:5.2f} ms, execution {at_rest[1]:6.2f} ms, "
                       f"{at_rest[2]:6,} buffers | after {args.claims} claims: planning {mid[0]:5.2f} ms, "

@@ -104,9 +104,11 @@ Index(
     jobs.c.queue, jobs.c.run_at, jobs.c.id,
     postgresql_where=text("status = 'retrying'"),
 )
+# The running jobs (migration 0013): a limited queue's claim counts its own; the rescue reads the expired leases
+# of every queue.
 Index(
     "outboxq_jobs_lease_idx",
-    jobs.c.lease_expires_at,
+    jobs.c.queue, jobs.c.lease_expires_at,
     postgresql_where=text("status = 'running'"),
 )
 # Finding jobs by key (depends_on, on_conflict="ignore"), whatever their uniqueness.

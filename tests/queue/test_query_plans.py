@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 from outboxq.queue import sql
+from outboxq.queue.sql import limits as limits_sql
 from outboxq.queue.sql import spark_stream as spark_stream_sql
 from outboxq.workers.claim_cursor import FROM_THE_FRONT
 from tests.support import explain_prepared, plan_nodes
@@ -51,6 +52,14 @@ def scans_of_jobs(plan: dict) -> list[tuple[str, str | None]]:
     return [(n["Node Type"], n.get("Index Name")) for n in plan_nodes(plan) if n.get("Relation Name") == "outboxq_jobs"]
 
 
+def scans_of_jobs_that_can_run(plan: dict) -> list[tuple[str, str | None]]:
+    """scans_of_jobs, less those below a node whose condition the planner found false (never executed)."""
+    if plan.get("One-Time Filter") == "false":
+        return []
+    own = [(plan["Node Type"], plan.get("Index Name"))] if plan.get("Relation Name") == "outboxq_jobs" else []
+    return own + [scan for child in plan.get("Plans", []) for scan in scans_of_jobs_that_can_run(child)]
+
+
 def assert_no_seq_scan(plan: dict) -> None:
     seq = [n for n in plan_nodes(plan) if n["Node Type"] == "Seq Scan" and n.get("Relation Name") == "outboxq_jobs"]
     assert not seq, json.dumps(plan, indent=1)[:3000]
@@ -79,6 +88,10 @@ def test_rescue_reads_the_lease_index(history):
     plan = plan_of(history, sql.job_rescue_lock_expired, {"now": datetime.now(UTC), "limit": 1000})
     assert_no_seq_scan(plan)
     assert any(index == "outboxq_jobs_lease_idx" for _, index in scans_of_jobs(plan)), scans_of_jobs(plan)
+    # (Over every queue, although the queue is the index's first column: the lease is its index condition, and
+    # only the expired leases' rows are visited.)
+    conditions = [n.get("Index Cond", "") for n in plan_nodes(plan) if n.get("Index Name") == "outboxq_jobs_lease_idx"]
+    assert all("lease_expires_at <" in c for c in conditions), conditions
 
 
 @pytest.mark.parametrize("status", [None, "running", "done"])
@@ -87,7 +100,7 @@ def test_the_listing_feed_reads_its_running_jobs_through_the_lease_index_and_the
     plan = plan_of(history, sql.job_feed_page, {"queue": "emails", "after_xid": -1, "after_id": -1,
                                                 "status": status, "limit": 100, "include_result": False})
     assert_no_seq_scan(plan)
-    used = {i for _, i in scans_of_jobs(plan)}
+    used = {i for _, i in scans_of_jobs_that_can_run(plan)}
     # (A status given leaves the planner the one part that can hold it.)
     wanted = {None: {"outboxq_jobs_feed_idx", "outboxq_jobs_lease_idx"}, "running": {"outboxq_jobs_lease_idx"},
               "done": {"outboxq_jobs_feed_idx"}}[status]
@@ -327,3 +340,30 @@ def test_the_operators_search_walks_a_bounded_window_of_the_newest_jobs(history,
         json.dumps(plan, indent=1)[:3000]
     if "payload" in params:
         assert scans[0].get("Index Name") == "outboxq_jobs_pkey" and "id >" in scans[0]["Index Cond"], scans[0]
+
+
+def test_a_limited_queues_count_of_running_jobs_reads_only_its_own_in_the_lease_index(history):
+    """Beside 5,000 running jobs of another queue, a limited claim counts the queue's running jobs through the
+    lease index with the queue as its condition (migration 0013): before, it read every queue's running jobs."""
+    history.execute("""INSERT INTO outboxq_jobs (queue, status, payload, lease_token, lease_expires_at, attempts)
+                       SELECT 'busy', 'running', '{}'::jsonb, gen_random_uuid(), now() + interval '1 min', 1
+                       FROM generate_series(1, 5000)""")
+    history.execute("INSERT INTO outboxq_queue_limits (queue, global_concurrency) VALUES ('emails', 10)")
+    history.commit()
+    history.autocommit = True
+    history.execute("ANALYZE outboxq_jobs")
+    history.autocommit = False
+    plan = plan_of(history, limits_sql.job_claim_limited, {
+        "queue": "emails", "limit": 10, "reserve": 0, "lease_token": uuid.uuid4(), "lease_s": 60.0,
+        "worker_id": "w", "default_max_attempts": 25, **FROM_THE_FRONT})
+    assert_no_seq_scan(plan)
+    counts = [n for n in plan_nodes(plan) if n.get("Index Name") == "outboxq_jobs_lease_idx"]
+    assert counts and all("(queue = 'emails'::text)" in n.get("Index Cond", "") for n in counts), counts
+    # And when run: the count visits the queue's 50 running jobs, not the other queue's 5,000.
+    rows = history.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + limits_sql.job_claim_limited, {
+        "queue": "emails", "limit": 10, "reserve": 0, "lease_token": uuid.uuid4(), "lease_s": 60.0,
+        "worker_id": "w", "default_max_attempts": 25, **FROM_THE_FRONT}).fetchall()
+    history.rollback()
+    ran = [n for n in plan_nodes(rows[0]["QUERY PLAN"][0]["Plan"]) if n.get("Index Name") == "outboxq_jobs_lease_idx"]
+    assert ran and all(n["Actual Rows"] + n.get("Rows Removed by Filter", 0) <= 50 for n in ran), ran
+

@@ -264,7 +264,8 @@ flow_claimed AS (
 {sql.CLAIM_UPDATE}"""
 
 # The queue's running jobs, as every limited claim counts them: a job whose lease expired no longer counts (its
-# worker is gone; the rescue will requeue it).
+# worker is gone; the rescue will requeue it). Read from the queue's range of the lease index (migration 0013),
+# whatever runs in the other queues.
 _RUNNING_COUNT = """(SELECT count(*) FROM outboxq_jobs
                    WHERE status = 'running' AND queue = %(queue)s AND lease_expires_at > clock_timestamp())"""
 
