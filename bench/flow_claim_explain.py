@@ -5,6 +5,12 @@ of a real drain), with `--keys` distinct keys.
 
     python bench/flow_claim_explain.py [--url postgresql://root@127.0.0.1:5432/postgres]
                                        [--keys 100] [--jobs 20000] [--limit 500] [--claims 20] [--repeat 3]
+                                       [--running 0] [--beside 0] [--max-keys N]
+
+As in a drain: `--running 3` leaves the last three claims' jobs running (the jobs the workers hold, which every
+limited claim counts); `--max-keys 25` scans as many keys as a drain's deep turns do (limit / 40) instead of
+every key the claim may need. `--beside 20000`: that many running jobs of another queue (a limited claim's
+count reads its own queue's part of the lease index since migration 0013).
 
 Works in a scratch database (created, migrated, dropped) on the server of --url (default: DATABASE_URL,
 else the embedded PostgreSQL). Each figure is the median of --repeat runs of EXPLAIN ANALYZE, each in a
@@ -39,13 +45,17 @@ CLAIMS = {"unlimited": sql.job_claim_batch, "global_concurrency": limits_sql.job
           "per_key": limits_sql.job_claim_limited_per_key}
 
 
-def fill(conn: psycopg.Connection, kind: str, keys: int, jobs: int) -> None:
-    """`jobs` ready jobs in queue q (spread over `keys` limit keys for per_key), the queue's limits, VACUUM."""
+def fill(conn: psycopg.Connection, kind: str, keys: int, jobs: int, beside: int = 0) -> None:
+    """`jobs` ready jobs in queue q (spread over `keys` limit keys for per_key), the queue's limits, `beside`
+    running jobs of another queue (what a limited claim's count of its own running jobs must not read), VACUUM."""
     conn.execute("TRUNCATE outboxq_jobs CASCADE")
     conn.execute("DELETE FROM outboxq_queue_limits")
     conn.execute("INSERT INTO outboxq_jobs (queue, status, payload, limit_key) "
                  "SELECT 'q', 'queued', '{}'::jsonb, CASE WHEN %s THEN 'key-' || (g %% %s) END "
                  "FROM generate_series(1, %s) AS g", (kind == "per_key", keys, jobs))
+    conn.execute("INSERT INTO outboxq_jobs (queue, status, payload, lease_token, lease_expires_at, attempts) "
+                 "SELECT 'other', 'running', '{}'::jsonb, gen_random_uuid(), now() + interval '1 hour', 1 "
+                 "FROM generate_series(1, %s)", (beside,))
     if kind != "unlimited":
         conn.execute("INSERT INTO outboxq_queue_limits (queue, global_concurrency, per_key) VALUES ('q', 10000, %s)",
                      (kind == "per_key",))
@@ -157,6 +167,8 @@ def main() -> int:
     parser.add_argument("--plan", action="store_true", help="also print each claim's plan in the middle of the drain")
     parser.add_argument("--running", type=int, default=0,
                         help="how many of the --claims claims stay running (not completed), as in a drain")
+    parser.add_argument("--beside", type=int, default=0,
+                        help="running jobs of another queue beside the claimed one (their leases valid throughout)")
     parser.add_argument("--max-keys", type=int, default=None,
                         help="keys a per-key claim scans (default: every key it may need; a drain's deep turns "
                              "scan limit / 40)")
@@ -165,11 +177,12 @@ def main() -> int:
     MAX_KEYS = args.max_keys
 
     with scratch_database(args.url) as url:
-        print(f"{args.jobs:,} ready jobs, {args.keys:,} keys (per_key), claims of {args.limit}")
+        print(f"{args.jobs:,} ready jobs, {args.keys:,} keys (per_key), claims of {args.limit}"
+              + (f", {args.beside:,} running jobs of another queue beside them" if args.beside else ""))
         with psycopg.connect(url, row_factory=dict_row) as conn:
             for kind in CLAIMS:
                 conn.autocommit = True
-                fill(conn, kind, args.keys, args.jobs)
+                fill(conn, kind, args.keys, args.jobs, args.beside)
                 conn.autocommit = False
                 at_rest = explain(conn, kind, args.limit, "", args.repeat)
                 after_key = drain_some(conn, kind, args.limit, args.claims, args.running)

@@ -29,8 +29,10 @@ def test_issue_17_bench_scripts_run(pg_server_url, script, args, expected):
 
 def test_flow_claim_explain_runs(pg_server_url):
     out = _run("flow_claim_explain.py", "--url", pg_server_url, "--jobs", "300", "--keys", "5", "--limit", "50",
-               "--claims", "2", "--repeat", "1", "--plan", "--generic")
+               "--claims", "3", "--running", "1", "--beside", "40", "--max-keys", "3", "--repeat", "1", "--plan",
+               "--generic")
     assert "per_key" in out and "Execution Time" in out and "per_key generic" in out
+    assert "40 running jobs of another queue beside them" in out
 
 
 def test_claim_cpu_runs(pg_server_url):
