@@ -10,8 +10,8 @@ beside it. The index is now (queue, lease_expires_at): a count reads the queue's
 the Spark sources' running jobs too. The rescue of expired leases reads the whole index (its entries are the
 running jobs, as many as the workers hold), the lease its index condition. (The limit key was left out: with
 it, a per-key claim's new entries land in as many places of the index as it has keys, instead of at the end of
-the queue's range, and the claim cost more.) Built before the old one is dropped, in the migration's transaction: writes to outboxq_jobs wait for
-the build (the running jobs only: milliseconds).
+the queue's range, and the claim cost more.) Built before the old one is dropped, in the migration's
+transaction: writes to outboxq_jobs wait for the build (the running jobs only: milliseconds).
 """
 
 import sqlalchemy as sa

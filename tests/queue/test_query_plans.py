@@ -353,16 +353,14 @@ def test_a_limited_queues_count_of_running_jobs_reads_only_its_own_in_the_lease_
     history.autocommit = True
     history.execute("ANALYZE outboxq_jobs")
     history.autocommit = False
-    plan = plan_of(history, limits_sql.job_claim_limited, {
-        "queue": "emails", "limit": 10, "reserve": 0, "lease_token": uuid.uuid4(), "lease_s": 60.0,
-        "worker_id": "w", "default_max_attempts": 25, **FROM_THE_FRONT})
+    params = {"queue": "emails", "limit": 10, "reserve": 0, "lease_token": uuid.uuid4(), "lease_s": 60.0,
+              "worker_id": "w", "default_max_attempts": 25, **FROM_THE_FRONT}
+    plan = plan_of(history, limits_sql.job_claim_limited, params)
     assert_no_seq_scan(plan)
     counts = [n for n in plan_nodes(plan) if n.get("Index Name") == "outboxq_jobs_lease_idx"]
     assert counts and all("(queue = 'emails'::text)" in n.get("Index Cond", "") for n in counts), counts
     # And when run: the count visits the queue's 50 running jobs, not the other queue's 5,000.
-    rows = history.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + limits_sql.job_claim_limited, {
-        "queue": "emails", "limit": 10, "reserve": 0, "lease_token": uuid.uuid4(), "lease_s": 60.0,
-        "worker_id": "w", "default_max_attempts": 25, **FROM_THE_FRONT}).fetchall()
+    rows = history.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + limits_sql.job_claim_limited, params).fetchall()
     history.rollback()
     ran = [n for n in plan_nodes(rows[0]["QUERY PLAN"][0]["Plan"]) if n.get("Index Name") == "outboxq_jobs_lease_idx"]
     assert ran and all(n["Actual Rows"] + n.get("Rows Removed by Filter", 0) <= 50 for n in ran), ran

@@ -473,8 +473,8 @@ _FEED_COLUMNS = (f"{_COLUMNS_BEFORE_RESULT}, CASE WHEN %(include_result)s THEN r
                  f"{_COLUMNS_AFTER_RESULT}")
 
 # The running jobs are not in the feed index (a claim would write an entry there: migration 0012): they are read
-# through the lease index, whose entries are the running jobs (as many as the workers hold), the queue's own its
-# range of it (migration 0013), and merged with the others in feed order.
+# through the queue's range of the lease index, whose entries are the running jobs (as many as the workers hold;
+# by queue since migration 0013), and merged with the others in feed order.
 _FEED_PART = f"""(SELECT {_FEED_COLUMNS}, created_xid
  FROM outboxq_jobs
  WHERE queue = %(queue)s AND {{part}}
