@@ -70,6 +70,9 @@ def flow_drains(jobs: int) -> list[tuple[str, str, int, dict[str, Any]]]:
          {"consumer": {"global_concurrency": 10_000}}),
         ("outboxq_per_key_gc10000", "drain outboxq limit_by, 100 keys, global_concurrency=10000 per key "
          "(not binding)", jobs, {"consumer": {"global_concurrency": 10_000, "limit_by": "k"}, "keys": 100}),
+        ("outboxq_per_key_runs_gc10000", "drain outboxq limit_by, 100 keys in runs of 40 jobs, "
+         "global_concurrency=10000 per key (not binding)", jobs,
+         {"consumer": {"global_concurrency": 10_000, "limit_by": "k"}, "keys": 100, "key_run": 40}),
         ("outboxq_gc4_50ms", "drain outboxq global_concurrency=4, 100 jobs of 50 ms (allows 80 jobs/s)", 100,
          {"consumer": {"global_concurrency": 4}, "sleep": 0.05}),
         ("outboxq_gc4_50ms_running", "drain outboxq global_concurrency=4, 100 jobs of 50 ms enqueued at go to "
@@ -535,7 +538,7 @@ class Bench:
         fill_result = None
         if fill and not running_at_go:
             self.progress.update(f"{label}: enqueueing {n:,} jobs", force=True)
-            fill_result = self.driver(system, "fill", url, n=n, keys=flow.get("keys", 0),
+            fill_result = self.driver(system, "fill", url, n=n, keys=flow.get("keys", 0), key_run=flow.get("key_run", 1),
                                       queues=queues).wait_result(1800)
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("ANALYZE")  # as autovacuum would have done for a backlog that built up

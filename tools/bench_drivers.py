@@ -132,7 +132,7 @@ def outboxq_fill(spec: dict[str, Any]) -> dict[str, Any]:
 
     from outboxq.queue.enqueue import enqueue_many
 
-    n, batch, keys = spec["n"], spec.get("batch", 10_000), spec.get("keys", 0)
+    n, batch, keys, key_run = spec["n"], spec.get("batch", 10_000), spec.get("keys", 0), spec.get("key_run", 1)
     queues = outboxq_queues(spec)
     started = time.perf_counter()
     with psycopg.connect(spec["url"]) as conn:
@@ -142,7 +142,7 @@ def outboxq_fill(spec: dict[str, Any]) -> dict[str, Any]:
                 count = min(batch, share - offset)
                 # Flow control: jobs cycle through `keys` limit keys (given explicitly: no consumer is registered
                 # here).
-                limit_keys = [f"k{(offset + i) % keys}" for i in range(count)] if keys else None
+                limit_keys = ([f"k{(offset + i) // key_run % keys}" for i in range(count)] if keys else None)
                 enqueue_many(conn, queue, [None] * count, limit_keys=limit_keys)
                 conn.commit()
     elapsed = time.perf_counter() - started
