@@ -1182,6 +1182,14 @@ def summarize(collected: dict[str, dict[str, list[Any]]]) -> dict[str, Any]:
         "outboxq_vs_procrastinate_defaults": ratio(ours, rates.get("procrastinate_defaults")),
         "outboxq_vs_procrastinate_best": ratio(ours, rates.get("procrastinate_c10_p4")),
     }
+    # How steady the default drain is, and whether it is ahead in every round (issue 40): its slowest round against
+    # its median, and against the fastest round of PgQueuer's best configuration.
+    ours_runs = summary.get("drain_jobs_per_s", {}).get("outboxq", {}).get("runs")
+    if ours_runs and ours:
+        summary["ratios"]["outboxq_slowest_round_of_median"] = ratio(min(ours_runs), ours)
+        best_runs = summary["drain_jobs_per_s"].get(summary.get("pgqueuer_best", {}).get("config"), {}).get("runs")
+        if best_runs:
+            summary["ratios"]["outboxq_slowest_vs_pgqueuer_best_fastest"] = ratio(min(ours_runs), max(best_runs))
     for name, rate in rates.items():  # outboxq --processes N against the same peers
         if re.fullmatch(r"outboxq_p[0-9]+", name):
             summary["ratios"][f"{name}_vs_pgqueuer_best"] = ratio(

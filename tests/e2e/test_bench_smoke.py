@@ -201,6 +201,9 @@ def test_summary_ratios_with_peer_runs():
     ratios = summary["ratios"]
     assert ratios["outboxq_vs_pgqueuer_best"] == 1.25 and ratios["outboxq_vs_pgqueuer_defaults"] == 4
     assert ratios["outboxq_vs_procrastinate_defaults"] == 20 and ratios["outboxq_vs_pgbench_batched_best"] == 0.2
+    # The slowest outboxq round (100) against its median (200), and against PgQueuer's best's fastest (160).
+    assert ratios["outboxq_slowest_round_of_median"] == 0.5
+    assert ratios["outboxq_slowest_vs_pgqueuer_best_fastest"] == 100 / 160
 
 
 def test_the_drain_is_rendered_round_by_round_beside_pgqueuers_best_with_the_workers_statements():
