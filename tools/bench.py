@@ -522,8 +522,9 @@ class Bench:
         `profile`: "sample" samples the server side and the CPU split while draining (DrainProfiler);
         "cprofile" also runs the worker's threads under cProfile (outboxq only; slower).
         `flow` (outboxq only, issue 14): {"consumer": flow-control options of the consumer, "keys": limit keys
-        the jobs cycle through, "sleep": seconds each handler sleeps, "running_at_go": the workers start before
-        "go", idle, and the clock includes enqueueing the jobs (one transaction) at "go"}.
+        the jobs cycle through, "key_run": how many jobs in a row have one key (default 1), "sleep": seconds each
+        handler sleeps, "running_at_go": the workers start before "go", idle, and the clock includes enqueueing
+        the jobs (one transaction) at "go"}.
         `queues` (outboxq only): the jobs spread over that many queues, a consumer each. `hold_snapshot`: another
         session holds a REPEATABLE READ transaction open from before "go" to the end of the drain. `variant`: the
         workers run that revision of outboxq (tools/bench_variants.py); the jobs are enqueued as ever.
@@ -538,8 +539,8 @@ class Bench:
         fill_result = None
         if fill and not running_at_go:
             self.progress.update(f"{label}: enqueueing {n:,} jobs", force=True)
-            fill_result = self.driver(system, "fill", url, n=n, keys=flow.get("keys", 0), key_run=flow.get("key_run", 1),
-                                      queues=queues).wait_result(1800)
+            fill_result = self.driver(system, "fill", url, n=n, keys=flow.get("keys", 0),
+                                      key_run=flow.get("key_run", 1), queues=queues).wait_result(1800)
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("ANALYZE")  # as autovacuum would have done for a backlog that built up
         extra: dict[str, Any] = {}

@@ -140,9 +140,9 @@ def outboxq_fill(spec: dict[str, Any]) -> dict[str, Any]:
             share = n // len(queues) + (1 if index < n % len(queues) else 0)
             for offset in range(0, share, batch):
                 count = min(batch, share - offset)
-                # Flow control: jobs cycle through `keys` limit keys (given explicitly: no consumer is registered
-                # here).
-                limit_keys = ([f"k{(offset + i) // key_run % keys}" for i in range(count)] if keys else None)
+                # Flow control: jobs cycle through `keys` limit keys, `key_run` jobs in a row with each (given
+                # explicitly: no consumer is registered here).
+                limit_keys = [f"k{(offset + i) // key_run % keys}" for i in range(count)] if keys else None
                 enqueue_many(conn, queue, [None] * count, limit_keys=limit_keys)
                 conn.commit()
     elapsed = time.perf_counter() - started
