@@ -48,7 +48,7 @@ import psycopg
 from outboxq.progress import Progress
 from outboxq.queue.enqueue import enqueue_many
 from outboxq.workers.processes import default_count
-from tools.bench_drivers import QUEUE
+from tools.bench_drivers import QUEUE, bench_limit_keys
 from tools.bench_features import render_features, run_features
 from tools.bench_variants import Variant, parse_variant, prepare
 
@@ -576,9 +576,8 @@ class Bench:
                 for d in drivers:
                     d.send("go")
                 if running_at_go:  # the jobs arrive at running, idle workers (woken by the commit's notification)
-                    keys = flow.get("keys", 0)
                     enqueue_many(producer, QUEUE, [None] * n,
-                                 limit_keys=[f"k{i % keys}" for i in range(n)] if keys else None)
+                                 limit_keys=bench_limit_keys(0, n, flow.get("keys", 0), flow.get("key_run", 1)))
                     producer.commit()
                 timed_out = False
                 while True:

@@ -126,6 +126,12 @@ def outboxq_queues(spec: dict[str, Any]) -> list[str]:
     return [QUEUE] if count == 1 else [f"{QUEUE}{i}" for i in range(count)]
 
 
+def bench_limit_keys(first: int, count: int, keys: int, key_run: int = 1) -> list[str] | None:
+    """The limit keys of jobs `first` to `first + count` of a flow-control drain: they cycle through `keys` keys,
+    `key_run` jobs in a row with each (None: no keys)."""
+    return [f"k{(first + i) // key_run % keys}" for i in range(count)] if keys else None
+
+
 def outboxq_fill(spec: dict[str, Any]) -> dict[str, Any]:
     """Enqueue `n` no-op jobs with enqueue_many, `batch` per transaction, spread evenly over the run's queues."""
     import psycopg
@@ -140,10 +146,8 @@ def outboxq_fill(spec: dict[str, Any]) -> dict[str, Any]:
             share = n // len(queues) + (1 if index < n % len(queues) else 0)
             for offset in range(0, share, batch):
                 count = min(batch, share - offset)
-                # Flow control: jobs cycle through `keys` limit keys, `key_run` jobs in a row with each (given
-                # explicitly: no consumer is registered here).
-                limit_keys = [f"k{(offset + i) // key_run % keys}" for i in range(count)] if keys else None
-                enqueue_many(conn, queue, [None] * count, limit_keys=limit_keys)
+                # (Limit keys given explicitly: no consumer is registered here.)
+                enqueue_many(conn, queue, [None] * count, limit_keys=bench_limit_keys(offset, count, keys, key_run))
                 conn.commit()
     elapsed = time.perf_counter() - started
     return {"n": n, "seconds": elapsed, "jobs_per_s": n / elapsed}

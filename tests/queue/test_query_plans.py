@@ -364,4 +364,3 @@ def test_a_limited_queues_count_of_running_jobs_reads_only_its_own_in_the_lease_
     history.rollback()
     ran = [n for n in plan_nodes(rows[0]["QUERY PLAN"][0]["Plan"]) if n.get("Index Name") == "outboxq_jobs_lease_idx"]
     assert ran and all(n["Actual Rows"] + n.get("Rows Removed by Filter", 0) <= 50 for n in ran), ran
-
