@@ -12,16 +12,15 @@ request, the two revisions meet the machine's changes of speed alike, which runs
 from __future__ import annotations
 
 import argparse
+import http.client
 import os
 import statistics
 import sys
 import tempfile
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, closing
 from pathlib import Path
 
-import httpx
-import orjson
 import psycopg
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 from bench_db import api_process, free_port, scratch_database, server_or_embedded  # noqa: E402
 
 from outboxq.queue.enqueue import enqueue_many  # noqa: E402
+from tools.bench import post_batch  # noqa: E402
 from tools.bench_variants import prepare  # noqa: E402
 
 TOKEN = "http-ab-token-long-enough"
@@ -46,10 +46,10 @@ def main() -> None:
     server_url = server_or_embedded(args.database_url, "outboxq-http-ab-")
     scratch = Path(tempfile.mkdtemp(prefix="outboxq-http-ab-"))
     base = prepare("base", args.base, scratch)
-    body = orjson.dumps({"jobs": [{"payload": {"i": i}} for i in range(args.jobs)]})
     payloads = [{"i": i} for i in range(args.jobs)]
-    forms = {"": {"Content-Type": "application/json"},
-             " minimal": {"Content-Type": "application/json", "Prefer": "return=minimal"}}
+    body = {"jobs": [{"payload": payload} for payload in payloads]}
+    json_type = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    forms = {"": json_type, " minimal": {**json_type, "Prefer": "return=minimal"}}
     times: dict[str, list[float]] = {}
     with scratch_database(server_url, "outboxq_http_ab") as url, ExitStack() as stack:
         clients = {}
@@ -61,18 +61,17 @@ def main() -> None:
             # (cwd outside the checkout: the base's API imports its own outboxq, not the checkout's.)
             stack.enter_context(api_process([sys.executable, "-m", "outboxq.api.server"], env, base_url,
                                             cwd=scratch))
-            clients[name] = stack.enter_context(httpx.Client(
-                base_url=base_url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60))
+            clients[name] = stack.enter_context(closing(http.client.HTTPConnection("127.0.0.1", port, timeout=60)))
         with psycopg.connect(url) as conn:
             for round_ in range(args.rounds + 2):  # (the first two warm both up)
                 for name, client in clients.items():
                     for form, headers in forms.items():
                         started = time.perf_counter()
-                        client.post("/v1/queues/ab/jobs/batch", content=body, headers=headers).raise_for_status()
+                        post_batch(client, body, headers)
                         if round_ >= 2:
                             times.setdefault(name + form, []).append(time.perf_counter() - started)
                 started = time.perf_counter()
-                enqueue_many(conn, "ab", payloads)
+                enqueue_many(conn, "bench", payloads)
                 conn.commit()
                 if round_ >= 2:
                     times.setdefault("Python path (enqueue_many)", []).append(time.perf_counter() - started)

@@ -27,6 +27,7 @@ Every worker runs in its own process (tools/bench_drivers.py), started the same 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import platform
@@ -40,9 +41,11 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+import orjson
 import psycopg
 
 from outboxq.progress import Progress
@@ -96,6 +99,25 @@ UNFINISHED_SQL = {
 
 
 # ---------------------------------------------------------------- small helpers
+
+
+BENCH_BATCH_PATH = "/v1/queues/bench/jobs/batch"
+HTTP_ROUNDS = 30  # alternated rounds of the HTTP figures (each ~10 ms a request): medians of 30
+
+
+def post_batch(connection: http.client.HTTPConnection, body: dict[str, Any], headers: dict[str, str]) -> int:
+    """POST a batch body (encoded by orjson, as a client sending batches for speed would) to BENCH_BATCH_PATH on
+    a kept-alive connection and read the whole answer; its size in bytes. BenchError unless it answers 201.
+
+    The HTTP figure's client is the standard library's: httpx's own parsing of a 1,000-job answer (454 KB) took
+    1.4 ms of a 10 ms request on a fast machine, a client's cost that the route's figure is not about (httpx's
+    figure is printed beside it)."""
+    connection.request("POST", BENCH_BATCH_PATH, body=orjson.dumps(body), headers=headers)
+    response = connection.getresponse()
+    answer = response.read()
+    if response.status != 201:
+        raise BenchError(f"POST {BENCH_BATCH_PATH} answered {response.status}: {answer[:300]!r}")
+    return len(answer)
 
 
 def median(values: list[float]) -> float | None:
@@ -737,8 +759,10 @@ class Bench:
             try:
                 out.update(self.enqueue_http(url))
                 out["http_vs_python_1k"] = ratio(out["http_batch_1k_per_s"], out["python_batch_1k_interleaved_per_s"])
-                out["http_minimal_vs_python_1k"] = ratio(out["http_minimal_batch_1k_per_s"],
-                                                         out["python_batch_1k_interleaved_per_s"])
+                python_rate = out["python_batch_1k_interleaved_per_s"]
+                out["http_minimal_vs_python_1k"] = ratio(out["http_minimal_batch_1k_per_s"], python_rate)
+                out["http_httpx_vs_python_1k"] = ratio(out["http_batch_1k_httpx_per_s"], python_rate)
+                out["http_minimal_httpx_vs_python_1k"] = ratio(out["http_minimal_batch_1k_httpx_per_s"], python_rate)
             except Exception as exc:  # the API is optional for this figure
                 out["http_error"] = str(exc)
         self.progress.done(
@@ -750,12 +774,13 @@ class Bench:
         return out
 
     def enqueue_http(self, url: str) -> dict[str, Any]:
-        """POST /v1/queues/{queue}/jobs/batch with 1,000-job batches against a local `outboxq serve`."""
+        """POST /v1/queues/{queue}/jobs/batch with 1,000-job batches against a local `outboxq serve`, timed with
+        the standard library's http.client (each request sent and its whole answer read, on a kept-alive
+        connection) and, beside it, with httpx."""
         import logging
         import socket
 
         import httpx
-        import orjson
 
         logging.getLogger("httpx").setLevel(logging.WARNING)
 
@@ -771,7 +796,8 @@ class Bench:
         try:
             base = f"http://127.0.0.1:{port}"
             deadline = time.monotonic() + 30
-            with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=60) as client:
+            with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=60) as client, \
+                    closing(http.client.HTTPConnection("127.0.0.1", port, timeout=60)) as plain:
                 while True:
                     try:
                         if client.get("/readyz").status_code == 200:
@@ -783,33 +809,38 @@ class Bench:
                     time.sleep(0.1)
                 body = {"jobs": [{"payload": {"i": i}} for i in range(1000)]}
                 payloads = [job["payload"] for job in body["jobs"]]
-                json_type = {"Content-Type": "application/json"}
-                minimal = {**json_type, "Prefer": "return=minimal"}
+                full = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+                minimal = {**full, "Prefer": "return=minimal"}
 
-                def post(headers: dict[str, str]) -> None:
-                    # Each request's body encoded by orjson, as a client sending batches for speed would (httpx's
-                    # json= is the standard library's json.dumps: 0.7 ms of a 1,000-job body).
-                    client.post("/v1/queues/bench/jobs/batch", content=orjson.dumps(body),
-                                headers=headers).raise_for_status()
+                def post_httpx(headers: dict[str, str]) -> None:
+                    client.post(BENCH_BATCH_PATH, content=orjson.dumps(body), headers=headers).raise_for_status()
 
                 for _ in range(3):
-                    post(json_type)
+                    post_batch(plain, body, full)
+                    post_httpx(full)
                 # The same 1,000 jobs through enqueue_many, alternating with the requests (with the jobs in the
                 # answer, and with their ids only: Prefer: return=minimal): all figures from the same moments, so
                 # the load of the machine weighs on them alike.
-                rates, minimal_rates, python_rates = [], [], []
+                timed: dict[str, list[float]] = {name: [] for name in (
+                    "http_batch_1k_per_s", "http_minimal_batch_1k_per_s", "http_batch_1k_httpx_per_s",
+                    "http_minimal_batch_1k_httpx_per_s", "python_batch_1k_interleaved_per_s")}
                 with psycopg.connect(url) as conn:
-                    for _ in range(10):
-                        t0 = time.perf_counter()
-                        post(json_type)
-                        rates.append(1000 / (time.perf_counter() - t0))
-                        t0 = time.perf_counter()
-                        post(minimal)
-                        minimal_rates.append(1000 / (time.perf_counter() - t0))
-                        t0 = time.perf_counter()
+                    def python_path() -> None:
                         enqueue_many(conn, "bench", payloads)
                         conn.commit()
-                        python_rates.append(1000 / (time.perf_counter() - t0))
+
+                    steps: dict[str, Callable[[], None]] = {
+                        "http_batch_1k_per_s": lambda: post_batch(plain, body, full),
+                        "http_minimal_batch_1k_per_s": lambda: post_batch(plain, body, minimal),
+                        "http_batch_1k_httpx_per_s": lambda: post_httpx(full),
+                        "http_minimal_batch_1k_httpx_per_s": lambda: post_httpx(minimal),
+                        "python_batch_1k_interleaved_per_s": python_path,
+                    }
+                    for _ in range(HTTP_ROUNDS):
+                        for name, step in steps.items():
+                            t0 = time.perf_counter()
+                            step()
+                            timed[name].append(1000 / (time.perf_counter() - t0))
         finally:
             process.terminate()
             try:
@@ -817,8 +848,7 @@ class Bench:
             except subprocess.TimeoutExpired:
                 process.kill()
             log.close()
-        return {"http_batch_1k_per_s": median(rates), "http_minimal_batch_1k_per_s": median(minimal_rates),
-                "python_batch_1k_interleaved_per_s": median(python_rates)}
+        return {name: median(rates) for name, rates in timed.items()}
 
     def enqueue_single_alternating(self) -> dict[str, Any]:
         """outboxq's enqueue (autocommit: one round trip) and PgQueuer's single enqueue, each call its own
@@ -1336,7 +1366,9 @@ def render(results: dict[str, Any]) -> str:
                   f"| ratio HTTP / Python (1,000-job batches, alternating) | {_num(e.get('http_vs_python_1k'), 2)} |",
                   f"| HTTP batch route with Prefer: return=minimal (answer: the ids) (jobs/s) | "
                   f"{_num(e.get('http_minimal_batch_1k_per_s'))} |",
-                  f"| ratio HTTP return=minimal / Python | {_num(e.get('http_minimal_vs_python_1k'), 2)} |"]
+                  f"| ratio HTTP return=minimal / Python | {_num(e.get('http_minimal_vs_python_1k'), 2)} |",
+                  f"| the same two requests timed with httpx as the client: ratio HTTP / Python, return=minimal "
+                  f"| {_num(e.get('http_httpx_vs_python_1k'), 2)}, {_num(e.get('http_minimal_httpx_vs_python_1k'), 2)} |"]
         for peer in ("pgqueuer", "procrastinate"):
             if enqueue.get(peer):
                 lines.append(f"| {peer} single enqueue (one transaction each) | "
