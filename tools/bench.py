@@ -40,8 +40,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
-from contextlib import closing
+from collections.abc import Callable, Iterator
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -773,16 +773,11 @@ class Bench:
             + (f"; HTTP batch {out['http_batch_1k_per_s']:,.0f} jobs/s" if "http_batch_1k_per_s" in out else ""))
         return out
 
-    def enqueue_http(self, url: str) -> dict[str, Any]:
-        """POST /v1/queues/{queue}/jobs/batch with 1,000-job batches against a local `outboxq serve`, timed with
-        the standard library's http.client (each request sent and its whole answer read, on a kept-alive
-        connection) and, beside it, with httpx."""
-        import logging
+    @contextmanager
+    def api_server(self, url: str) -> Iterator[tuple[int, str]]:
+        """A local `outboxq serve` on `url`'s database, once it answers /readyz: its port and an admin token. The
+        process stops on leaving (its output in the run's log directory)."""
         import socket
-
-        import httpx
-
-        logging.getLogger("httpx").setLevel(logging.WARNING)
 
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -794,53 +789,19 @@ class Bench:
         process = subprocess.Popen([sys.executable, "-m", "outboxq.api.server"], env=env, stdout=log,
                                    stderr=subprocess.STDOUT, cwd=str(DRIVERS.parent.parent))
         try:
-            base = f"http://127.0.0.1:{port}"
             deadline = time.monotonic() + 30
-            with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=60) as client, \
-                    closing(http.client.HTTPConnection("127.0.0.1", port, timeout=60)) as plain:
-                while True:
-                    try:
-                        if client.get("/readyz").status_code == 200:
+            while True:
+                try:
+                    with closing(http.client.HTTPConnection("127.0.0.1", port, timeout=5)) as probe:
+                        probe.request("GET", "/readyz")
+                        if probe.getresponse().status == 200:
                             break
-                    except httpx.HTTPError:
-                        pass
-                    if time.monotonic() > deadline or process.poll() is not None:
-                        raise BenchError("the HTTP service did not become ready")
-                    time.sleep(0.1)
-                body = {"jobs": [{"payload": {"i": i}} for i in range(1000)]}
-                payloads = [job["payload"] for job in body["jobs"]]
-                full = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-                minimal = {**full, "Prefer": "return=minimal"}
-
-                def post_httpx(headers: dict[str, str]) -> None:
-                    client.post(BENCH_BATCH_PATH, content=orjson.dumps(body), headers=headers).raise_for_status()
-
-                for _ in range(3):
-                    post_batch(plain, body, full)
-                    post_httpx(full)
-                # The same 1,000 jobs through enqueue_many, alternating with the requests (with the jobs in the
-                # answer, and with their ids only: Prefer: return=minimal): all figures from the same moments, so
-                # the load of the machine weighs on them alike.
-                timed: dict[str, list[float]] = {name: [] for name in (
-                    "http_batch_1k_per_s", "http_minimal_batch_1k_per_s", "http_batch_1k_httpx_per_s",
-                    "http_minimal_batch_1k_httpx_per_s", "python_batch_1k_interleaved_per_s")}
-                with psycopg.connect(url) as conn:
-                    def python_path() -> None:
-                        enqueue_many(conn, "bench", payloads)
-                        conn.commit()
-
-                    steps: dict[str, Callable[[], None]] = {
-                        "http_batch_1k_per_s": lambda: post_batch(plain, body, full),
-                        "http_minimal_batch_1k_per_s": lambda: post_batch(plain, body, minimal),
-                        "http_batch_1k_httpx_per_s": lambda: post_httpx(full),
-                        "http_minimal_batch_1k_httpx_per_s": lambda: post_httpx(minimal),
-                        "python_batch_1k_interleaved_per_s": python_path,
-                    }
-                    for _ in range(HTTP_ROUNDS):
-                        for name, step in steps.items():
-                            t0 = time.perf_counter()
-                            step()
-                            timed[name].append(1000 / (time.perf_counter() - t0))
+                except OSError:
+                    pass
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise BenchError("the HTTP service did not become ready")
+                time.sleep(0.1)
+            yield port, token
         finally:
             process.terminate()
             try:
@@ -848,6 +809,51 @@ class Bench:
             except subprocess.TimeoutExpired:
                 process.kill()
             log.close()
+
+    def enqueue_http(self, url: str) -> dict[str, Any]:
+        """POST /v1/queues/{queue}/jobs/batch with 1,000-job batches against a local `outboxq serve`, timed with
+        the standard library's http.client (each request sent and its whole answer read, on a kept-alive
+        connection) and, beside it, with httpx."""
+        import logging
+
+        import httpx
+
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+        with self.api_server(url) as (port, token), \
+                httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client, \
+                closing(http.client.HTTPConnection("127.0.0.1", port, timeout=60)) as plain:
+            body = {"jobs": [{"payload": {"i": i}} for i in range(1000)]}
+            payloads = [job["payload"] for job in body["jobs"]]
+            full = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+            minimal = {**full, "Prefer": "return=minimal"}
+
+            def post_httpx(headers: dict[str, str]) -> None:
+                client.post(BENCH_BATCH_PATH, content=orjson.dumps(body), headers=headers).raise_for_status()
+
+            for _ in range(3):
+                post_batch(plain, body, full)
+                post_httpx(full)
+            # The same 1,000 jobs through enqueue_many, alternating with the requests (with the jobs in the answer,
+            # and with their ids only: Prefer: return=minimal): all figures from the same moments, so the load of
+            # the machine weighs on them alike.
+            timed: dict[str, list[float]] = {}
+            with psycopg.connect(url) as conn:
+                def python_path() -> None:
+                    enqueue_many(conn, "bench", payloads)
+                    conn.commit()
+
+                steps: dict[str, Callable[[], Any]] = {
+                    "http_batch_1k_per_s": lambda: post_batch(plain, body, full),
+                    "http_minimal_batch_1k_per_s": lambda: post_batch(plain, body, minimal),
+                    "http_batch_1k_httpx_per_s": lambda: post_httpx(full),
+                    "http_minimal_batch_1k_httpx_per_s": lambda: post_httpx(minimal),
+                    "python_batch_1k_interleaved_per_s": python_path,
+                }
+                for _ in range(HTTP_ROUNDS):
+                    for name, step in steps.items():
+                        t0 = time.perf_counter()
+                        step()
+                        timed.setdefault(name, []).append(1000 / (time.perf_counter() - t0))
         return {name: median(rates) for name, rates in timed.items()}
 
     def enqueue_single_alternating(self) -> dict[str, Any]:

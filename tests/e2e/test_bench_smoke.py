@@ -6,18 +6,21 @@ Speed itself is measured by `python -m tools bench`, never asserted here. The ha
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 
+import psycopg
 import pytest
 
 import outboxq
 from tools import bench_variants, spark_bench
 from tools.__main__ import build_parser, main
-from tools.bench import Bench, claim_plan, render, summarize
+from tools.bench import HTTP_ROUNDS, Bench, BenchError, claim_plan, post_batch, render, summarize
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,6 +59,30 @@ def test_bench_drain_enqueue_latency_produce_sane_numbers(db_url, tmp_path, caps
 
     printed = capsys.readouterr().out
     assert "| drain |" in printed and "latency" in printed
+
+
+def test_bench_http_figure_posts_batches_to_the_real_api_and_refuses_an_error(db_url):
+    bench = Bench(build_parser().parse_args(["bench", "enqueue", "--url", db_url, "--quiet"]))
+    try:
+        with bench.api_server(db_url) as (port, token), \
+                closing(http.client.HTTPConnection("127.0.0.1", port, timeout=30)) as conn:
+            body = {"jobs": [{"payload": {"i": i}} for i in range(3)]}
+            json_type = {"Content-Type": "application/json"}
+            answered = post_batch(conn, body, {**json_type, "Authorization": f"Bearer {token}"})
+            assert answered > 3 * len('{"id":1}')  # the three jobs, whole
+            with pytest.raises(BenchError, match="answered 401"):  # (the same kept-alive connection)
+                post_batch(conn, body, {**json_type, "Authorization": "Bearer not-the-bench-token-at-all"})
+        rates = bench.enqueue_http(db_url)
+    finally:
+        bench.cleanup()
+    assert set(rates) == {"http_batch_1k_per_s", "http_minimal_batch_1k_per_s", "http_batch_1k_httpx_per_s",
+                          "http_minimal_batch_1k_httpx_per_s", "python_batch_1k_interleaved_per_s"}
+    assert all(rate > 0 for rate in rates.values())
+    # The 3 jobs, then 1,000 a request or enqueue_many: 3 warm-up rounds of two requests, then HTTP_ROUNDS of four
+    # requests and one enqueue_many.
+    with psycopg.connect(db_url) as conn:
+        written = conn.execute("SELECT count(*) FROM outboxq_jobs WHERE queue = 'bench'").fetchone()[0]
+    assert written == 3 + 1000 * (3 * 2 + HTTP_ROUNDS * 5)
 
 
 def test_bench_backlog_checks_the_claim_plan_and_memory(db_url, tmp_path):
