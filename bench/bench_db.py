@@ -3,8 +3,6 @@ process to load."""
 
 from __future__ import annotations
 
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -13,7 +11,6 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 import psycopg
 
 from outboxq.db import url_with_database
@@ -28,6 +25,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tools.bench import UNFINISHED_SQL  # noqa: E402
+from tools.bench_http import api_process, free_port  # noqa: E402,F401  (the bench scripts' API process)
 
 
 def fresh_database(admin_url: str, name: str) -> str:
@@ -74,32 +72,3 @@ def scratch_database(server_url: str, prefix: str) -> Iterator[str]:
     finally:
         with psycopg.connect(server_url, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def free_port() -> int:
-    """A loopback TCP port nothing listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextmanager
-def api_process(command: list[str], env: dict[str, str], base: str, cwd: Path) -> Iterator[subprocess.Popen]:
-    """The API started by `command`, once GET `base`/readyz answers 200 (a RuntimeError after 60 s or when the
-    process ends first); terminated at the end."""
-    server = subprocess.Popen(command, env=env, cwd=cwd)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(base + "/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise RuntimeError("the API did not become ready")
-            time.sleep(0.2)
-        yield server
-    finally:
-        server.terminate()
-        server.wait(timeout=30)

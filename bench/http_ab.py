@@ -1,6 +1,9 @@
 """The HTTP batch route of another revision beside this checkout's, in the same moments: both APIs served side by
 side, each round one 1,000-job batch request to each (with the jobs in the answer, then with `Prefer:
 return=minimal`) and the same enqueue_many through Python; each one's median and its ratio to the Python path.
+The requests go through the standard library's http.client on kept-alive connections, each body encoded by
+orjson within its time (tools.bench_http.post_batch, as `bench enqueue` times the route; httpx's own parsing of
+the answer cost 1.4 ms a request, not the route's: bench/README.md, 2026-12-07).
 
     python bench/http_ab.py [--database-url postgresql://...] [--base HEAD] [--rounds 40] [--jobs 1000]
 
@@ -29,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from bench_db import api_process, free_port, scratch_database, server_or_embedded  # noqa: E402
 
 from outboxq.queue.enqueue import enqueue_many  # noqa: E402
-from tools.bench import post_batch  # noqa: E402
+from tools.bench_http import BENCH_QUEUE, batch_headers, post_batch  # noqa: E402
 from tools.bench_variants import prepare  # noqa: E402
 
 TOKEN = "http-ab-token-long-enough"
@@ -48,8 +51,7 @@ def main() -> None:
     base = prepare("base", args.base, scratch)
     payloads = [{"i": i} for i in range(args.jobs)]
     body = {"jobs": [{"payload": payload} for payload in payloads]}
-    json_type = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
-    forms = {"": json_type, " minimal": {**json_type, "Prefer": "return=minimal"}}
+    forms = {"": batch_headers(TOKEN), " minimal": batch_headers(TOKEN, minimal=True)}
     times: dict[str, list[float]] = {}
     with scratch_database(server_url, "outboxq_http_ab") as url, ExitStack() as stack:
         clients = {}
@@ -71,7 +73,7 @@ def main() -> None:
                         if round_ >= 2:
                             times.setdefault(name + form, []).append(time.perf_counter() - started)
                 started = time.perf_counter()
-                enqueue_many(conn, "bench", payloads)
+                enqueue_many(conn, BENCH_QUEUE, payloads)
                 conn.commit()
                 if round_ >= 2:
                     times.setdefault("Python path (enqueue_many)", []).append(time.perf_counter() - started)

@@ -53,6 +53,15 @@ from outboxq.queue.enqueue import enqueue_many
 from outboxq.workers.processes import default_count
 from tools.bench_drivers import QUEUE, bench_limit_keys
 from tools.bench_features import render_features, run_features
+from tools.bench_http import (
+    BENCH_BATCH_PATH,
+    BENCH_QUEUE,
+    HTTP_ROUNDS,
+    api_process,
+    batch_headers,
+    free_port,
+    post_batch,
+)
 from tools.bench_variants import Variant, parse_variant, prepare
 
 DRIVERS = Path(__file__).with_name("bench_drivers.py")
@@ -99,25 +108,6 @@ UNFINISHED_SQL = {
 
 
 # ---------------------------------------------------------------- small helpers
-
-
-BENCH_BATCH_PATH = "/v1/queues/bench/jobs/batch"
-HTTP_ROUNDS = 30  # alternated rounds of the HTTP figures (each ~10 ms a request): medians of 30
-
-
-def post_batch(connection: http.client.HTTPConnection, body: dict[str, Any], headers: dict[str, str]) -> int:
-    """POST a batch body (encoded by orjson, as a client sending batches for speed would) to BENCH_BATCH_PATH on
-    a kept-alive connection and read the whole answer; its size in bytes. BenchError unless it answers 201.
-
-    The HTTP figure's client is the standard library's: httpx's own parsing of a 1,000-job answer (454 KB) took
-    1.4 ms of a 10 ms request on a fast machine, a client's cost that the route's figure is not about (httpx's
-    figure is printed beside it)."""
-    connection.request("POST", BENCH_BATCH_PATH, body=orjson.dumps(body), headers=headers)
-    response = connection.getresponse()
-    answer = response.read()
-    if response.status != 201:
-        raise BenchError(f"POST {BENCH_BATCH_PATH} answered {response.status}: {answer[:300]!r}")
-    return len(answer)
 
 
 def median(values: list[float]) -> float | None:
@@ -757,14 +747,17 @@ class Bench:
         out["enqueue_vs_insert_in_tx"] = out["enqueue_in_tx_per_s"] / out["insert_in_tx_per_s"]
         if args.http:
             try:
-                out.update(self.enqueue_http(url))
-                out["http_vs_python_1k"] = ratio(out["http_batch_1k_per_s"], out["python_batch_1k_interleaved_per_s"])
-                python_rate = out["python_batch_1k_interleaved_per_s"]
-                out["http_minimal_vs_python_1k"] = ratio(out["http_minimal_batch_1k_per_s"], python_rate)
-                out["http_httpx_vs_python_1k"] = ratio(out["http_batch_1k_httpx_per_s"], python_rate)
-                out["http_minimal_httpx_vs_python_1k"] = ratio(out["http_minimal_batch_1k_httpx_per_s"], python_rate)
+                http_figures = self.enqueue_http(url)
             except Exception as exc:  # the API is optional for this figure
                 out["http_error"] = str(exc)
+            else:
+                out.update(http_figures)
+                python_rate = out["python_batch_1k_interleaved_per_s"]
+                for ratio_name, figure in (("http_vs_python_1k", "http_batch_1k_per_s"),
+                                           ("http_minimal_vs_python_1k", "http_minimal_batch_1k_per_s"),
+                                           ("http_httpx_vs_python_1k", "http_batch_1k_httpx_per_s"),
+                                           ("http_minimal_httpx_vs_python_1k", "http_minimal_batch_1k_httpx_per_s")):
+                    out[ratio_name] = ratio(out[figure], python_rate)
         self.progress.done(
             f"enqueue outboxq: {out['enqueue_commit_per_s']:,.0f}/s with a commit each vs bare INSERT "
             f"{out['insert_commit_per_s']:,.0f}/s ({out['enqueue_vs_insert']:.2f}x); in one transaction "
@@ -775,45 +768,21 @@ class Bench:
 
     @contextmanager
     def api_server(self, url: str) -> Iterator[tuple[int, str]]:
-        """A local `outboxq serve` on `url`'s database, once it answers /readyz: its port and an admin token. The
-        process stops on leaving (its output in the run's log directory)."""
-        import socket
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        token = "bench-token-long-enough"
+        """A local `outboxq serve` on `url`'s database, once it answers /readyz: its port and an admin token (its
+        output in the run's log directory; stopped on leaving)."""
+        port, token = free_port(), "bench-token-long-enough"
         env = dict(os.environ, DATABASE_URL=url, OUTBOXQ_API_TOKENS=f"{token}:admin",
                    OUTBOXQ_PORT=str(port), OUTBOXQ_HOST="127.0.0.1")
-        log = open(self.log_dir / "http.log", "w")  # noqa: SIM115
-        process = subprocess.Popen([sys.executable, "-m", "outboxq.api.server"], env=env, stdout=log,
-                                   stderr=subprocess.STDOUT, cwd=str(DRIVERS.parent.parent))
-        try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    with closing(http.client.HTTPConnection("127.0.0.1", port, timeout=5)) as probe:
-                        probe.request("GET", "/readyz")
-                        if probe.getresponse().status == 200:
-                            break
-                except OSError:
-                    pass
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise BenchError("the HTTP service did not become ready")
-                time.sleep(0.1)
+        with open(self.log_dir / "http.log", "w") as log, \
+                api_process([sys.executable, "-m", "outboxq.api.server"], env, f"http://127.0.0.1:{port}",
+                            DRIVERS.parent.parent, stdout=log):
             yield port, token
-        finally:
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-            log.close()
 
-    def enqueue_http(self, url: str) -> dict[str, Any]:
-        """POST /v1/queues/{queue}/jobs/batch with 1,000-job batches against a local `outboxq serve`, timed with
-        the standard library's http.client (each request sent and its whole answer read, on a kept-alive
-        connection) and, beside it, with httpx."""
+    def enqueue_http(self, url: str, rounds: int = HTTP_ROUNDS) -> dict[str, Any]:
+        """POST /v1/queues/bench/jobs/batch with 1,000-job batches against a local `outboxq serve`, `rounds`
+        times alternated with the same enqueue_many, timed with the standard library's http.client (each
+        request sent and its whole answer read, on a kept-alive connection: tools.bench_http) and, beside it,
+        with httpx (whose own parsing of the answer is part of its figure)."""
         import logging
 
         import httpx
@@ -824,8 +793,7 @@ class Bench:
                 closing(http.client.HTTPConnection("127.0.0.1", port, timeout=60)) as plain:
             body = {"jobs": [{"payload": {"i": i}} for i in range(1000)]}
             payloads = [job["payload"] for job in body["jobs"]]
-            full = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-            minimal = {**full, "Prefer": "return=minimal"}
+            full, minimal = batch_headers(token), batch_headers(token, minimal=True)
 
             def post_httpx(headers: dict[str, str]) -> None:
                 client.post(BENCH_BATCH_PATH, content=orjson.dumps(body), headers=headers).raise_for_status()
@@ -839,7 +807,7 @@ class Bench:
             timed: dict[str, list[float]] = {}
             with psycopg.connect(url) as conn:
                 def python_path() -> None:
-                    enqueue_many(conn, "bench", payloads)
+                    enqueue_many(conn, BENCH_QUEUE, payloads)
                     conn.commit()
 
                 steps: dict[str, Callable[[], Any]] = {
@@ -849,7 +817,7 @@ class Bench:
                     "http_minimal_batch_1k_httpx_per_s": lambda: post_httpx(minimal),
                     "python_batch_1k_interleaved_per_s": python_path,
                 }
-                for _ in range(HTTP_ROUNDS):
+                for _ in range(rounds):
                     for name, step in steps.items():
                         t0 = time.perf_counter()
                         step()
@@ -1271,6 +1239,9 @@ def summarize(collected: dict[str, dict[str, list[Any]]]) -> dict[str, Any]:
     enqueue = summary.get("enqueue", {})
     if enqueue.get("outboxq"):
         ratios["enqueue_vs_bare_insert"] = enqueue["outboxq"].get("enqueue_vs_insert")
+        http_errors = [r["http_error"] for r in collected["enqueue"]["outboxq"] if r and r.get("http_error")]
+        if http_errors:  # (the rounds' HTTP figures failed: the table says why, beside its "-")
+            enqueue["outboxq"]["http_error"] = http_errors[-1]
         for peer in ("pgqueuer", "procrastinate"):
             ratios[f"enqueue_vs_{peer}"] = ratio(enqueue["outboxq"].get("enqueue_commit_per_s"),
                                                   enqueue.get(peer, {}).get("enqueue_commit_per_s"))
@@ -1375,6 +1346,8 @@ def render(results: dict[str, Any]) -> str:
                   f"| ratio HTTP return=minimal / Python | {_num(e.get('http_minimal_vs_python_1k'), 2)} |",
                   f"| the same two requests timed with httpx as the client: ratio HTTP / Python, return=minimal "
                   f"| {_num(e.get('http_httpx_vs_python_1k'), 2)}, {_num(e.get('http_minimal_httpx_vs_python_1k'), 2)} |"]
+        if e.get("http_error"):  # (the HTTP figures above are then "-": say why)
+            lines.append(f"| HTTP batch route failed | {e['http_error'][:200].replace('|', '/')} |")
         for peer in ("pgqueuer", "procrastinate"):
             if enqueue.get(peer):
                 lines.append(f"| {peer} single enqueue (one transaction each) | "

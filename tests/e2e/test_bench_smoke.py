@@ -20,7 +20,8 @@ import pytest
 import outboxq
 from tools import bench_variants, spark_bench
 from tools.__main__ import build_parser, main
-from tools.bench import HTTP_ROUNDS, Bench, BenchError, claim_plan, post_batch, render, summarize
+from tools.bench import Bench, claim_plan, render, summarize
+from tools.bench_http import BENCH_QUEUE, BatchRefused, batch_headers, post_batch
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,22 +68,31 @@ def test_bench_http_figure_posts_batches_to_the_real_api_and_refuses_an_error(db
         with bench.api_server(db_url) as (port, token), \
                 closing(http.client.HTTPConnection("127.0.0.1", port, timeout=30)) as conn:
             body = {"jobs": [{"payload": {"i": i}} for i in range(3)]}
-            json_type = {"Content-Type": "application/json"}
-            answered = post_batch(conn, body, {**json_type, "Authorization": f"Bearer {token}"})
-            assert answered > 3 * len('{"id":1}')  # the three jobs, whole
-            with pytest.raises(BenchError, match="answered 401"):  # (the same kept-alive connection)
-                post_batch(conn, body, {**json_type, "Authorization": "Bearer not-the-bench-token-at-all"})
-        rates = bench.enqueue_http(db_url)
+            answer = json.loads(post_batch(conn, body, batch_headers(token)))
+            assert [job["payload"] for job in answer["jobs"]] == [{"i": 0}, {"i": 1}, {"i": 2}]
+            with pytest.raises(BatchRefused, match="answered 401"):  # (on the same kept-alive connection)
+                post_batch(conn, body, batch_headers("not-the-bench-token-at-all"))
+        rates = bench.enqueue_http(db_url, rounds=2)
     finally:
         bench.cleanup()
     assert set(rates) == {"http_batch_1k_per_s", "http_minimal_batch_1k_per_s", "http_batch_1k_httpx_per_s",
                           "http_minimal_batch_1k_httpx_per_s", "python_batch_1k_interleaved_per_s"}
     assert all(rate > 0 for rate in rates.values())
-    # The 3 jobs, then 1,000 a request or enqueue_many: 3 warm-up rounds of two requests, then HTTP_ROUNDS of four
+    # The 3 jobs, then 1,000 a request or enqueue_many: 3 warm-up rounds of two requests, then 2 rounds of four
     # requests and one enqueue_many.
     with psycopg.connect(db_url) as conn:
-        written = conn.execute("SELECT count(*) FROM outboxq_jobs WHERE queue = 'bench'").fetchone()[0]
-    assert written == 3 + 1000 * (3 * 2 + HTTP_ROUNDS * 5)
+        written = conn.execute("SELECT count(*) FROM outboxq_jobs WHERE queue = %s", (BENCH_QUEUE,)).fetchone()[0]
+    assert written == 3 + 1000 * (3 * 2 + 2 * 5)
+
+
+def test_a_failed_http_figure_is_rendered_with_its_reason():
+    runs = {"outboxq": [{"enqueue_commit_per_s": 10.0, "http_error": "the API did not become ready"}]}
+    results = {"machine": {"cpus": 2, "cpu_model": "x", "memory_gb": 1, "load_1m": 0, "python": "3"},
+               "server": {"version": "15", "synchronous_commit": "on", "fsync": "on", "shared_buffers": "1"},
+               "settings": {"rounds": 1, "jobs": 1, "peer_slow_jobs": 1}, "summary": summarize({"enqueue": runs})}
+    table = render(results)
+    assert "| ratio HTTP / Python (1,000-job batches, alternating) | - |" in table
+    assert "| HTTP batch route failed | the API did not become ready |" in table
 
 
 def test_bench_backlog_checks_the_claim_plan_and_memory(db_url, tmp_path):
