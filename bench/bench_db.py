@@ -1,5 +1,5 @@
-"""What the bench scripts share: a fresh migrated database, the time a worker takes to drain it, and an API
-process to load."""
+"""What the bench scripts share: a fresh migrated database and the time a worker takes to drain it (an API
+process to load: tools/bench_http.py)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,6 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tools.bench import UNFINISHED_SQL  # noqa: E402
-from tools.bench_http import api_process, free_port  # noqa: E402,F401  (the bench scripts' API process)
 
 
 def fresh_database(admin_url: str, name: str) -> str:

@@ -19,7 +19,9 @@ import time
 import httpx
 import psutil
 import psycopg
-from bench_db import ROOT, api_process, free_port, fresh_database
+from bench_db import ROOT, fresh_database
+
+from tools.bench_http import api_process, free_port
 
 ADMIN = sys.argv[1] if len(sys.argv) > 1 else "postgresql://root@127.0.0.1:5432/root"
 TABS = int(sys.argv[2]) if len(sys.argv) > 2 else 10

@@ -29,10 +29,11 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench_db import api_process, free_port, scratch_database, server_or_embedded  # noqa: E402
+from bench_db import scratch_database, server_or_embedded  # noqa: E402
 
 from outboxq.queue.enqueue import enqueue_many  # noqa: E402
-from tools.bench_http import BENCH_QUEUE, batch_headers, post_batch  # noqa: E402
+from tools.bench_drivers import QUEUE  # noqa: E402
+from tools.bench_http import api_process, batch_headers, free_port, post_batch  # noqa: E402
 from tools.bench_variants import prepare  # noqa: E402
 
 TOKEN = "http-ab-token-long-enough"
@@ -73,7 +74,7 @@ def main() -> None:
                         if round_ >= 2:
                             times.setdefault(name + form, []).append(time.perf_counter() - started)
                 started = time.perf_counter()
-                enqueue_many(conn, BENCH_QUEUE, payloads)
+                enqueue_many(conn, QUEUE, payloads)
                 conn.commit()
                 if round_ >= 2:
                     times.setdefault("Python path (enqueue_many)", []).append(time.perf_counter() - started)

@@ -25,7 +25,9 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench_db import api_process, free_port, scratch_database, server_or_embedded  # noqa: E402
+from bench_db import scratch_database, server_or_embedded  # noqa: E402
+
+from tools.bench_http import api_process, free_port  # noqa: E402
 
 
 def main() -> int:

@@ -55,7 +55,6 @@ from tools.bench_drivers import QUEUE, bench_limit_keys
 from tools.bench_features import render_features, run_features
 from tools.bench_http import (
     BENCH_BATCH_PATH,
-    BENCH_QUEUE,
     HTTP_ROUNDS,
     api_process,
     batch_headers,
@@ -807,7 +806,7 @@ class Bench:
             timed: dict[str, list[float]] = {}
             with psycopg.connect(url) as conn:
                 def python_path() -> None:
-                    enqueue_many(conn, BENCH_QUEUE, payloads)
+                    enqueue_many(conn, QUEUE, payloads)
                     conn.commit()
 
                 steps: dict[str, Callable[[], Any]] = {

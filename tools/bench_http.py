@@ -19,8 +19,9 @@ from urllib.parse import urlsplit
 
 import orjson
 
-BENCH_QUEUE = "bench"
-BENCH_BATCH_PATH = f"/v1/queues/{BENCH_QUEUE}/jobs/batch"
+from tools.bench_drivers import QUEUE
+
+BENCH_BATCH_PATH = f"/v1/queues/{QUEUE}/jobs/batch"  # (the benchmarks' queue)
 HTTP_ROUNDS = 30  # alternated rounds of `bench enqueue`'s HTTP figures (about 10 ms a request): medians of 30
 
 

@@ -21,7 +21,8 @@ import outboxq
 from tools import bench_variants, spark_bench
 from tools.__main__ import build_parser, main
 from tools.bench import Bench, claim_plan, render, summarize
-from tools.bench_http import BENCH_QUEUE, BatchRefused, batch_headers, post_batch
+from tools.bench_drivers import QUEUE
+from tools.bench_http import BatchRefused, batch_headers, post_batch
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -81,7 +82,7 @@ def test_bench_http_figure_posts_batches_to_the_real_api_and_refuses_an_error(db
     # The 3 jobs, then 1,000 a request or enqueue_many: 3 warm-up rounds of two requests, then 2 rounds of four
     # requests and one enqueue_many.
     with psycopg.connect(db_url) as conn:
-        written = conn.execute("SELECT count(*) FROM outboxq_jobs WHERE queue = %s", (BENCH_QUEUE,)).fetchone()[0]
+        written = conn.execute("SELECT count(*) FROM outboxq_jobs WHERE queue = %s", (QUEUE,)).fetchone()[0]
     assert written == 3 + 1000 * (3 * 2 + 2 * 5)
 
 
