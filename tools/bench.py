@@ -1217,6 +1217,9 @@ def summarize(collected: dict[str, dict[str, list[Any]]]) -> dict[str, Any]:
         if any(base == flow_name and "sleep" not in flow and "rate_limit" not in flow["consumer"]
                for flow_name, _label, _n, flow in flow_drains(0)):  # (the limits that do not bind)
             summary["ratios"][f"{name}_vs_defaults@{variant}"] = ratio(rates[name], rates.get(f"outboxq@{variant}"))
+            # (Round by round too: on a drifting machine the medians' ratio can differ from it by a tenth.)
+            summary["ratios"][f"{name}_vs_defaults@{variant}_per_round"] = paired_ratio(
+                drain[name], drain.get(f"outboxq@{variant}", []))
     ceilings = summary.get("pgbench_jobs_per_s") or {}
     if ceilings and ours:
         summary["ratios"]["outboxq_vs_pgbench_batched_best"] = ratio(ours, max(ceilings.values()))

@@ -244,6 +244,22 @@ def test_summary_ratios_with_peer_runs():
     assert ratios["outboxq_slowest_vs_pgqueuer_best_fastest"] == 100 / 160
 
 
+def test_summary_gives_a_variants_flow_against_the_variants_own_defaults_round_by_round():
+    # --variant with --limits: the variant's unbinding limit against the variant's defaults, as the medians'
+    # ratio and round by round (the two differ on a machine whose speed drifts between rounds).
+    def run(rate: float) -> dict:
+        return {"jobs_per_s": rate, "rss_start_kb": 1, "rss_end_kb": 1}
+
+    summary = summarize({"drain": {
+        "outboxq": [run(1000), run(600)], "outboxq@v": [run(1000), run(500)],
+        "outboxq_per_key_gc10000": [run(900), run(500)], "outboxq_per_key_gc10000@v": [run(950), run(450)],
+    }})
+    ratios = summary["ratios"]
+    assert ratios["outboxq_per_key_gc10000@v_vs_defaults@v"] == 700 / 750
+    assert ratios["outboxq_per_key_gc10000@v_vs_defaults@v_per_round"] == (0.95 + 0.9) / 2
+    assert ratios["outboxq_per_key_gc10000_vs_outboxq_per_key_gc10000@v_per_round"] == (900 / 950 + 500 / 450) / 2
+
+
 def test_the_drain_is_rendered_round_by_round_beside_pgqueuers_best_with_the_workers_statements():
     def run(rate: float, claims: int | None = None) -> dict:
         return {"jobs_per_s": rate, "rss_start_kb": 1, "rss_end_kb": 1, "fill_jobs_per_s": 9000.0,
